@@ -1,0 +1,30 @@
+"""Communication: messages, the wire format, codecs, the byte ledger and the network.
+
+Every message between nodes is encoded to ``bytes`` with its link's codec, counted in
+the :class:`Ledger`, and decoded for the receiver (design rules 2 and 3).
+"""
+
+from .codecs import (
+    CODECS,
+    Codec,
+    bf16,
+    chain,
+    fp16,
+    fp32,
+    int8,
+    parse_codec,
+    randmask,
+    sketch,
+    topk,
+)
+from .ledger import Ledger
+from .message import DIRECTIONS, SERVER, DeclaredTensor, Message
+from .network import CodecConfig, Network, infer_direction
+from .wire import WireError, declared_bytes, decode_message, decode_with_codec, encode_message
+
+__all__ = [
+    "CODECS", "Codec", "bf16", "chain", "fp16", "fp32", "int8", "parse_codec", "randmask",
+    "sketch", "topk", "Ledger", "DIRECTIONS", "SERVER", "DeclaredTensor", "Message",
+    "CodecConfig", "Network", "infer_direction", "WireError", "declared_bytes",
+    "decode_message", "decode_with_codec", "encode_message",
+]

@@ -1,0 +1,193 @@
+"""The shape of an algorithm: node-local step functions and the messages between them.
+
+A round of any algorithm is a short list of :class:`Step` s. In each step, every *actor*
+(the server ``SERVER = -1``, sampled clients, or all peers) runs the step's function
+**on its own state, its own data and its own inbox** and returns its new state and an
+:class:`Outbox`. The engine then encodes every outgoing message with the link's codec,
+counts the bytes in the ledger and delivers the decoded messages into the receivers'
+inboxes for the next step (design rules 1 and 2). Nothing in a step function can reach
+another node's state, which is what makes byte counts true and lets the Ray executor run
+the same file unchanged.
+
+States are plain nested dicts of tensors and Python scalars so that checkpoints load
+with ``torch.load(weights_only=True)``. Updates are synchronous: all actors of a step
+see the inboxes produced by the previous step, never a half-updated round.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from lowband.comm.message import SERVER, Message
+from lowband.seeding import torch_gen
+from lowband.topology import RoundPlan
+
+State = dict[str, Any]
+Params = dict[str, torch.Tensor]
+
+
+class Hyperparams(BaseModel):
+    """Base for algorithm hyperparameters: strict (unknown keys are errors), documented."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class Envelope:
+    """A delivered message: who sent it and what survived the codec."""
+
+    src: int
+    msg: Message
+
+
+@dataclass
+class Outbox:
+    """Messages a node sends in one step. One entry may address several receivers
+    (a broadcast: encoded once, counted once per receiver)."""
+
+    items: list[tuple[tuple[int, ...], Message]] = field(default_factory=list)
+
+    def send(self, dst: int, msg: Message) -> "Outbox":
+        self.items.append(((int(dst),), msg))
+        return self
+
+    def broadcast(self, dsts: Sequence[int], msg: Message) -> "Outbox":
+        if len(dsts):
+            self.items.append((tuple(int(d) for d in dsts), msg))
+        return self
+
+
+@dataclass
+class NodeContext:
+    """Everything a step function may use on node ``node`` in round ``round``."""
+
+    node: int
+    round: int
+    plan: RoundPlan
+    data: Any  # lowband.data.federation.NodeData for clients; ServerData for the server
+    model: nn.Module  # a worker-owned module of this node's architecture: load params into it
+    hp: Any
+    seed: int
+    num_nodes: int
+    num_classes: int
+    init_params: Callable[[], Params]  # the shared initialisation (same seed -> same w0 everywhere)
+    public_x: Optional[torch.Tensor] = None  # public reference inputs (no labels) where a method has one
+
+    @property
+    def neighbors(self) -> tuple[int, ...]:
+        return tuple(self.plan.neighbors.get(self.node, ()))
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        return tuple(self.plan.participants)
+
+    def rng(self, *purpose: Any) -> torch.Generator:
+        """A generator addressed by (seed, round, node, purpose): order-independent."""
+        return torch_gen(self.seed, "alg", self.round, self.node, *purpose)
+
+
+StepFn = Callable[[NodeContext, State, list[Envelope]], tuple[State, Outbox]]
+
+
+@dataclass
+class Step:
+    """One exchange phase: ``fn`` runs on each actor; its outboxes are delivered before
+    the next step."""
+
+    name: str
+    actors: Sequence[int]
+    fn: StepFn
+
+
+class Algorithm(ABC):
+    """Base class of every algorithm.
+
+    Subclasses set ``name``, ``family`` ("server", "peer", "oneshot" or "local"), a
+    ``Hyperparams`` model whose defaults are the paper's, and implement :meth:`init_node`,
+    :meth:`steps` and the evaluation hooks. See docs/adding-an-algorithm.md.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    Hyperparams: ClassVar[type[Hyperparams]]
+    paper: ClassVar[str] = ""
+    #: protocols evaluated when the config does not say
+    default_protocols: ClassVar[tuple[str, ...]] = ("global", "personal")
+    #: main metric for rounds/bytes-to-target
+    default_main: ClassVar[str] = "personal/acc_weighted"
+    #: True when each client keeps its own model (personalised FL, peers); False when
+    #: clients are stateless and the "personal" protocol evaluates the global model on
+    #: each client's local test split (PFLlib's convention for FedAvg-like methods).
+    personalized: ClassVar[bool] = True
+
+    def __init__(self, hp: Hyperparams):
+        self.hp = hp
+
+    # -- state -----------------------------------------------------------------------
+    @abstractmethod
+    def init_node(self, ctx: NodeContext) -> State:
+        """Initial state of client/peer ``ctx.node``."""
+
+    def init_server(self, ctx: NodeContext) -> State:
+        """Initial server state (server-family algorithms)."""
+        return {}
+
+    @property
+    def has_server(self) -> bool:
+        return self.family == "server"
+
+    # -- rounds ----------------------------------------------------------------------
+    @abstractmethod
+    def steps(self, round: int, plan: RoundPlan) -> list[Step]:
+        """The exchange phases of round ``round`` (0-based) under ``plan``."""
+
+    # -- evaluation hooks (measurement only: never fed back, never counted) ----------
+    def node_params(self, state: State) -> Optional[Params]:
+        """The model node ``state`` would use for prediction (personal / node_global /
+        consensus protocols). None when the node holds no model of its own."""
+        return state.get("params")
+
+    def server_params(self, state: State) -> Optional[Params]:
+        """The server's global model (``global`` protocol)."""
+        return state.get("params")
+
+
+REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator adding an algorithm to the registry under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def describe_hyperparams(cls: type[Algorithm]) -> Mapping[str, tuple[Any, str]]:
+    """name -> (default, description) for `lowband list`."""
+    out: dict[str, tuple[Any, str]] = {}
+    for name, f in cls.Hyperparams.model_fields.items():
+        out[name] = (f.default, f.description or "")
+    return out
+
+
+__all__ = [
+    "SERVER",
+    "Algorithm",
+    "Envelope",
+    "Hyperparams",
+    "NodeContext",
+    "Outbox",
+    "Params",
+    "REGISTRY",
+    "State",
+    "Step",
+    "describe_hyperparams",
+    "register",
+]

@@ -1,0 +1,34 @@
+"""Pieces several algorithms share: the local-training hyperparameters and step."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from lowband.algorithms.base import Hyperparams, NodeContext, Params
+from lowband.train import LossFn, TrainStats, cross_entropy, sgd_train
+
+
+class LocalSGD(Hyperparams):
+    """Local SGD settings shared by most methods (each method overrides the defaults)."""
+
+    lr: float = Field(0.05, gt=0, description="local learning rate")
+    batch_size: int = Field(32, ge=1, description="local minibatch size")
+    local_epochs: int = Field(5, ge=0, description="local epochs per round")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (reset every round)")
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="multiply lr by lr_decay**(round-1)")
+    grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradient norm (None: off)")
+
+
+def local_train(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
+                hp: Optional[LocalSGD] = None, purpose: str = "local") -> tuple[Params, TrainStats]:
+    """Run ``hp.local_epochs`` of SGD on the node's own train split from ``params``."""
+    hp = hp or ctx.hp
+    lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+    return sgd_train(
+        ctx.model, params, ctx.data.train_x, ctx.data.train_y,
+        epochs=hp.local_epochs, batch_size=hp.batch_size, lr=lr, momentum=hp.momentum,
+        weight_decay=hp.weight_decay, grad_clip=hp.grad_clip, loss_fn=loss_fn, gen=ctx.rng(purpose),
+    )

@@ -1,0 +1,121 @@
+"""FedAvg (McMahan et al., 2017) and FedProx (Li et al., 2020).
+
+Round: the server broadcasts the global model to the sampled clients; each client trains
+``local_epochs`` of SGD from it (FedProx adds ``mu/2 ||w - w_global||^2``) and replies
+with its model (or its delta) and its number of training examples; the server replaces
+the global model by the sample-weighted average of the replies.
+Clients keep no model between rounds, so the ``personal`` protocol evaluates the global
+model on each client's local test split (PFLlib's convention).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, register
+from lowband.algorithms.common import LocalSGD, local_train
+from lowband.comm.message import Message
+from lowband.topology import RoundPlan
+from lowband.train import Params, add_scaled, sub, weighted_average
+
+
+class FedAvgHP(LocalSGD):
+    lr: float = Field(0.05, gt=0, description="client learning rate")
+    batch_size: int = Field(10, ge=1, description="client minibatch size")
+    local_epochs: int = Field(5, ge=0, description="client epochs per round")
+    upload: Literal["weights", "delta"] = Field(
+        "weights", description="what clients send up: their weights, or weights minus the received global model "
+        "(use delta with lossy codecs such as top-k)")
+    server_lr: float = Field(1.0, gt=0, description="server step on the averaged update (1.0 = plain FedAvg)")
+
+
+@register
+class FedAvg(Algorithm):
+    """Federated averaging with sample-count weights."""
+
+    name = "fedavg"
+    family = "server"
+    paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
+    Hyperparams = FedAvgHP
+    default_protocols = ("global", "personal")
+    default_main = "personal/acc_weighted"
+    personalized = False
+
+    def init_node(self, ctx: NodeContext) -> State:
+        return {}
+
+    def init_server(self, ctx: NodeContext) -> State:
+        return {"params": ctx.init_params()}
+
+    def steps(self, round: int, plan: RoundPlan) -> list[Step]:
+        return [
+            Step("broadcast", [SERVER], self.server_broadcast),
+            Step("client", plan.participants, self.client_update),
+            Step("aggregate", [SERVER], self.server_aggregate),
+        ]
+
+    # -- server ---------------------------------------------------------------------
+    def server_broadcast(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        return state, Outbox().broadcast(ctx.participants, Message("weights", dict(state["params"])))
+
+    def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        if not inbox:
+            return state, Outbox()
+        glob = state["params"]
+        weights = [float(e.msg.meta["num_examples"]) for e in inbox]
+        if self.hp.upload == "weights":
+            models = [_complete(e.msg.tensors, glob) for e in inbox]
+            avg = weighted_average(models, weights)
+            delta = sub(avg, glob)
+        else:
+            delta = weighted_average([_complete(e.msg.tensors, glob, zero=True) for e in inbox], weights)
+        new = add_scaled(glob, delta, self.hp.server_lr)
+        # integer buffers (BatchNorm counters) follow the averaged models
+        return {**state, "params": new}, Outbox()
+
+    # -- client ---------------------------------------------------------------------
+    def loss_fn(self, ctx: NodeContext, global_params: Params):
+        return None
+
+    def client_update(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        glob = inbox[0].msg.tensors
+        loss_fn = self.loss_fn(ctx, glob)
+        params, stats = local_train(ctx, glob, loss_fn) if loss_fn else local_train(ctx, glob)
+        payload = params if self.hp.upload == "weights" else sub(params, glob)
+        msg = Message("weights" if self.hp.upload == "weights" else "delta", payload,
+                      meta={"num_examples": ctx.data.n_train, "loss": stats.loss})
+        return state, Outbox().send(SERVER, msg)
+
+
+def _complete(received: Params, like: Params, zero: bool = False) -> Params:
+    """Fill entries a codec may have dropped (never for the built-in codecs) from ``like``."""
+    return {k: received[k] if k in received else (torch.zeros_like(v) if zero else v) for k, v in like.items()}
+
+
+class FedProxHP(FedAvgHP):
+    mu: float = Field(0.01, ge=0, description="proximal coefficient mu (paper's grid; 0 would be FedAvg)")
+
+
+@register
+class FedProx(FedAvg):
+    """FedAvg with the proximal term (mu/2)||w - w_global||^2 in the client objective."""
+
+    name = "fedprox"
+    paper = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
+    Hyperparams = FedProxHP
+
+    def loss_fn(self, ctx: NodeContext, global_params: Params):
+        mu = self.hp.mu
+        anchors = {k: v.detach() for k, v in global_params.items()}
+
+        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            ce = F.cross_entropy(model(x), y)
+            prox = sum(((p - anchors[n]) ** 2).sum() for n, p in model.named_parameters())
+            return ce + 0.5 * mu * prox
+
+        return loss

@@ -1,0 +1,297 @@
+"""The ``lowband`` command line: run, compare, list, demo, partition, download.
+
+Every user error (bad config, missing data file, occupied run folder) is printed as one
+line on stderr and exits with status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+EXIT_USAGE = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from lowband.comm.wire import WireError
+    from lowband.config import ConfigError
+    from lowband.data.errors import DatasetError, PartitionError
+    from lowband.engine.runlog import RunDirError
+    from lowband.report import ReportError
+
+    return (ConfigError, DatasetError, PartitionError, RunDirError, ReportError, WireError)
+
+
+class _Progress:
+    """A rich progress bar showing round, main accuracy and MB sent so far."""
+
+    def __init__(self, title: str, main: str, total: int, quiet: bool = False):
+        self.main, self.quiet, self.total = main, quiet, total
+        self._bar = None
+        if not quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+            self._task = self._bar.add_task(title, total=total, info="")
+            self._bar.start()
+
+    def __call__(self, r: int, total: int, rec: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        acc = rec.get(self.main)
+        mb = (rec.get("bytes/total", 0) or 0) / 1e6
+        decl = (rec.get("declared/total", 0) or 0) / 1e6
+        info = f"{self.main}={100 * acc:.2f}%  " if acc is not None else ""
+        info += f"{mb:.2f} MB" + (f" (+{decl:.1f} MB declared)" if decl else "")
+        self._bar.update(self._task, completed=r, info=info)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lowband.config import load_experiment
+    from lowband.engine.simulator import Simulation
+
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.data_dir={_toml_str(args.data_dir)}")
+    if args.out:
+        overrides.append(f"out_dir={_toml_str(args.out)}")
+    exp = load_experiment(args.config, overrides)
+    sim = Simulation(exp, resume=args.resume)
+    bar = _Progress(exp.name, sim.main_metric, exp.rounds, quiet=args.quiet)
+    try:
+        res = sim.run() if bar._bar is None else _run_with(sim, bar)
+    finally:
+        bar.close()
+    s = res.summary
+    final = (s.get("final") or {}).get(s["main_metric"])
+    print(f"{exp.name}: {s['main_metric']} = {100 * final:.2f}% after {s.get('rounds_completed')} rounds; "
+          f"up {s['bytes_up'] / 1e6:.2f} MB, down {s['bytes_down'] / 1e6:.2f} MB, peer {s['bytes_peer'] / 1e6:.2f} MB"
+          + (f" (+{sum(s[f'declared_bytes_{d}'] for d in ('up', 'down', 'peer')) / 1e6:.1f} MB declared)"
+             if any(s[f'declared_bytes_{d}'] for d in ('up', 'down', 'peer')) else "")
+          + f" -> {res.run_dir}" if final is not None else f"{exp.name}: done -> {res.run_dir}")
+    return 0
+
+
+def _run_with(sim: Any, bar: _Progress) -> Any:
+    sim.progress = bar
+    return sim.run()
+
+
+def _toml_str(s: str) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from lowband.report import compare
+
+    out = Path(args.out) if args.out else Path(args.runs[0]).parent / "compare"
+    table, plots = compare(args.runs, out, args.metric)
+    print(table)
+    print(f"wrote {out / 'compare.md'} and " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from lowband.algorithms import ALGORITHMS
+    from lowband.algorithms.base import describe_hyperparams
+    from lowband.comm.codecs import CODECS
+    from lowband.data.sources import DATASETS
+    from lowband.models import MODELS
+    from lowband.topology import TOPOLOGIES
+
+    what = args.what
+    if what in (None, "datasets"):
+        print("datasets:")
+        for name, info in DATASETS.items():
+            print(f"  {name:<14} {getattr(info, 'description', '')}")
+    if what in (None, "models"):
+        print("models:")
+        for name, info in MODELS.items():
+            kw = ", ".join(f"{k}={v!r}" for k, v in (getattr(info, "kwargs", {}) or {}).items())
+            print(f"  {name:<16} {getattr(info, 'description', '')}" + (f"  [{kw}]" if kw else ""))
+    if what in (None, "algorithms"):
+        print("algorithms:")
+        for name, cls in sorted(ALGORITHMS.items()):
+            print(f"  {name:<12} ({cls.family}) {cls.paper}")
+            for hp, (default, desc) in describe_hyperparams(cls).items():
+                print(f"      {hp} = {default!r}  {desc}")
+    if what in (None, "codecs"):
+        print("codecs (combine with '+', e.g. topk(0.01)+fp16):")
+        for name, info in CODECS.items():
+            print(f"  {name:<14} {info if isinstance(info, str) else getattr(info, 'description', '')}")
+    if what in (None, "topologies"):
+        print("topologies:")
+        for name, info in TOPOLOGIES.items():
+            print(f"  {name:<14} {info if isinstance(info, str) else getattr(info, 'description', info)}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from lowband.config import load_experiment
+    from lowband.data.partition import plot_partition
+    from lowband.engine.simulator import make_federation
+
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.data_dir={_toml_str(args.data_dir)}")
+    exp = load_experiment(args.config, overrides)
+    fed = make_federation(exp)
+    counts = fed.class_counts()
+    c = counts.shape[1]
+    print(f"{exp.data.dataset}: {len(fed.nodes)} clients, partition={exp.data.partition}"
+          + (f", alpha={exp.data.alpha}" if exp.data.alpha else "")
+          + f"; global test {int(fed.global_test_y.shape[0])}; public {int(fed.public_y.shape[0])}")
+    print("client " + " ".join(f"{j:>5}" for j in range(c)) + "   total  train   val  test")
+    show = range(len(fed.nodes)) if args.all or len(fed.nodes) <= 40 else list(range(20)) + list(range(len(fed.nodes) - 5, len(fed.nodes)))
+    prev = -1
+    for i in show:
+        if i != prev + 1:
+            print("  ...")
+        nd = fed.nodes[i]
+        print(f"{i:>6} " + " ".join(f"{int(v):>5}" for v in counts[i])
+              + f" {int(counts[i].sum()):>7} {nd.n_train:>6} {int(nd.val_y.shape[0]):>5} {int(nd.test_y.shape[0]):>5}")
+        prev = i
+    out = Path(args.out or f"partition_{exp.name}.png")
+    plot_partition(counts, out, title=f"{exp.data.dataset} {exp.data.partition}"
+                   + (f" alpha={exp.data.alpha}" if exp.data.alpha else ""))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from lowband.data.download import download
+    from lowband.data.sources import resolve_data_dir
+
+    paths = download(args.dataset, resolve_data_dir(args.data_dir), base_url=args.mirror, force=args.force)
+    for p in paths:
+        print(f"ok {p}")
+    return 0
+
+
+DEMO_ALGORITHMS: list[tuple[str, dict[str, Any]]] = [
+    ("local", {"local_epochs": 1}),
+    ("fedavg", {"local_epochs": 1, "batch_size": 16, "lr": 0.05}),
+    ("fedprox", {"local_epochs": 1, "batch_size": 16, "lr": 0.05}),
+    ("dfedavg", {"local_epochs": 1, "batch_size": 16, "lr": 0.05}),
+    ("dpsgd", {"local_epochs": 1, "batch_size": 16, "lr": 0.05}),
+]
+
+
+def demo_config(algorithm: str, hp: dict[str, Any], out_root: Path, rounds: int) -> dict[str, Any]:
+    """The embedded demo: scikit-learn's digits (real 8x8 images, shipped with the
+    package), 20 clients with Dirichlet(0.5) label skew, an MLP, 75/25 local splits."""
+    family_topology = {"dfedavg": {"kind": "kregular", "k": 3}, "dpsgd": {"kind": "kregular", "k": 3}}
+    protocols = ["personal", "consensus"] if algorithm in family_topology else ["personal", "global"]
+    if algorithm == "local":
+        protocols = ["personal", "consensus"]
+    return {
+        "name": f"demo-{algorithm}", "seed": 0, "rounds": rounds, "out_dir": str(out_root / algorithm),
+        "data": {"dataset": "digits", "num_clients": 20, "partition": "dirichlet", "alpha": 0.5, "min_size": 20,
+                 "split": [0.75, 0.0, 0.25]},
+        "model": {"name": "mlp", "hidden": 64},
+        "algorithm": {"name": algorithm, **hp},
+        "topology": family_topology.get(algorithm, {"kind": "star", "sampling": "fraction", "fraction": 0.5}),
+        "eval": {"protocols": protocols, "main": "personal/acc_weighted", "target": 0.85},
+    }
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from lowband.config import validate
+    from lowband.engine.simulator import Simulation
+    from lowband.report import compare
+
+    out_root = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out_root.exists() and any(out_root.iterdir()):
+        from lowband.engine.runlog import RunDirError
+
+        raise RunDirError(f"demo folder {out_root} already exists and is not empty; pass --out NEWDIR")
+    t0 = time.perf_counter()
+    dirs = []
+    for alg, hp in DEMO_ALGORITHMS:
+        exp = validate(demo_config(alg, hp, out_root, args.rounds))
+        sim = Simulation(exp)
+        bar = _Progress(f"{alg:<8}", sim.main_metric, exp.rounds, quiet=args.quiet)
+        try:
+            res = _run_with(sim, bar)
+        finally:
+            bar.close()
+        dirs.append(res.run_dir)
+    table, plots = compare(dirs, out_root, "personal/acc_weighted")
+    print()
+    print("lowband demo: digits (sklearn, 1797 real 8x8 images), 20 clients, Dirichlet 0.5, MLP, "
+          f"{args.rounds} rounds; personal = each client's model (or the global one) on its local test split")
+    print(table)
+    print(f"wrote {out_root / 'compare.md'}, " + ", ".join(str(p) for p in plots)
+          + f" in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lowband", description="Communication-efficient federated learning, byte-exact.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run an experiment from a TOML config")
+    r.add_argument("config", help="path of the experiment's .toml file")
+    r.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algorithm.lr=0.05 rounds=20")
+    r.add_argument("--resume", action="store_true", help="continue the run in its run folder from its checkpoint")
+    r.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
+    r.add_argument("--out", help="run folder (default runs/<name>)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("compare", help="Markdown table and PNG curves of finished runs")
+    c.add_argument("runs", nargs="+", help="run folders")
+    c.add_argument("--out", help="output folder (default: <first run's parent>/compare)")
+    c.add_argument("--metric", help="metric key to compare (default: each run's main metric)")
+    c.set_defaults(fn=cmd_compare)
+
+    ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies")
+    ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies"])
+    ls.set_defaults(fn=cmd_list)
+
+    d = sub.add_parser("demo", help="several algorithms on the embedded digits data (no files needed)")
+    d.add_argument("--out", help="output folder (default runs/demo-<time>)")
+    d.add_argument("--rounds", type=int, default=20)
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+
+    pa = sub.add_parser("partition", help="per-client class counts of a config's federation, and a picture")
+    pa.add_argument("config")
+    pa.add_argument("overrides", nargs="*")
+    pa.add_argument("--data-dir")
+    pa.add_argument("--out", help="PNG path (default partition_<name>.png)")
+    pa.add_argument("--all", action="store_true", help="print every client")
+    pa.set_defaults(fn=cmd_partition)
+
+    dl = sub.add_parser("download", help="download a dataset with checksum verification")
+    dl.add_argument("dataset")
+    dl.add_argument("--data-dir")
+    dl.add_argument("--mirror", help="base URL of a mirror with the same layout")
+    dl.add_argument("--force", action="store_true")
+    dl.set_defaults(fn=cmd_download)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except _user_errors() as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"lowband: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("lowband: interrupted (the last checkpoint is kept; continue with --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,565 @@
+"""Composable codecs: encode/decode pairs that turn one float tensor into named leaves.
+
+In the spirit of optax's gradient transformations (design rule 3), each codec is a
+small object with
+
+- ``spec``: its canonical spec string (``"topk(0.01)+fp16"``), written into every
+  message so that a receiver decodes without configuration;
+- ``encode(x, gen) -> {part: tensor}``: the leaves that travel on the wire. A part
+  whose name starts with ``"_"`` is *aux* (a scale, a seed, a shape): later codecs in a
+  chain leave it alone. The part ``""`` means "the tensor itself" and must be floating;
+- ``decode(parts) -> Tensor``: a float32 tensor of the original shape, computed from the
+  parts alone (exactly reproducible from the bytes);
+- ``leaves(shape)``: the ``{part: (shape, dtype)}`` that ``encode`` produces for a
+  float tensor of ``shape``; ``size_of(shape)`` sums their bytes (exact for all codecs
+  here, whose sizes depend on the shape only). Declared tensors are counted with it.
+
+``chain(a, b, c)`` applies ``a``, then ``chain(b, c)`` to each non-aux floating leaf of
+``a`` (recursively); a leaf ``p`` that ``b`` splits into parts ``q`` is named ``p/q``.
+So ``chain(topk(0.01), int8())`` yields ``idx``, ``val/q``, ``val/_scale``, ``_shape``.
+
+Codecs accept tensors of fewer than 2**31 elements (indices are int32).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+MAX_NUMEL = 2**31 - 1
+"""Largest tensor a codec accepts (int32 indices; 31-bit hashing in ``sketch``)."""
+
+_SEED_HIGH = 2**62
+_PRIME = 2**31 - 1  # Mersenne prime for the sketch's universal hashes
+
+LeafSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """An encode/decode pair for one float tensor (see the module docstring)."""
+
+    spec: str
+    """Canonical spec string; ``parse_codec(spec)`` rebuilds an equal codec."""
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        """Leaves for float tensor ``x``; randomness only from ``gen``."""
+        ...
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        """Float32 tensor of the original shape, from the leaves alone."""
+        ...
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        """``{part: (shape, dtype)}`` that ``encode`` yields for a tensor of ``shape``."""
+        ...
+
+    def size_of(self, shape: tuple[int, ...]) -> int:
+        """Encoded buffer bytes for a float tensor of ``shape``."""
+        ...
+
+
+class _Base:
+    """Shared helpers: ``size_of`` from ``leaves``, input checks, repr."""
+
+    spec: str = ""
+
+    def size_of(self, shape: tuple[int, ...]) -> int:
+        """Encoded bytes (buffers only, no wire header) for a float tensor of ``shape``."""
+        return sum(math.prod(s) * _itemsize(d) for s, d in self.leaves(tuple(shape)).values())
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<codec {self.spec}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Base) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _as_float(x: Tensor, name: str) -> Tensor:
+    """Detach ``x`` to a float32 CPU tensor, checking that a codec may take it."""
+    if not (x.is_floating_point()):
+        raise TypeError(f"codec {name} takes floating-point tensors, got {x.dtype}")
+    if x.numel() > MAX_NUMEL:
+        raise ValueError(f"codec {name}: tensor of {x.numel()} elements exceeds {MAX_NUMEL}")
+    return x.detach().to("cpu", torch.float32)
+
+
+def _draw_seed(gen: torch.Generator) -> int:
+    return int(torch.randint(0, _SEED_HIGH, (1,), generator=gen))
+
+
+def _shape_part(shape: tuple[int, ...]) -> Tensor:
+    return torch.tensor(shape, dtype=torch.int64).reshape(len(shape))
+
+
+def _read_shape(parts: dict[str, Tensor], name: str) -> tuple[int, ...]:
+    """The original shape from the ``_shape`` aux part, validated."""
+    s = parts["_shape"]
+    if s.dtype != torch.int64 or s.dim() != 1:
+        raise ValueError(f"{name}: _shape must be a 1-d int64 tensor")
+    shape = tuple(int(v) for v in s.tolist())
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_NUMEL:
+        raise ValueError(f"{name}: invalid original shape {shape}")
+    return shape
+
+
+def _check_parts(parts: dict[str, Tensor], expected: dict[str, torch.dtype], name: str) -> None:
+    if set(parts) != set(expected):
+        raise ValueError(f"{name}: expected parts {sorted(expected)}, got {sorted(parts)}")
+    for p, dt in expected.items():
+        if parts[p].dtype != dt:
+            raise ValueError(f"{name}: part {p!r} must be {dt}, got {parts[p].dtype}")
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+class _Cast(_Base):
+    """Elementwise cast to a float dtype (fp32 identity, fp16, bf16)."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.spec = name
+        self.dtype = dtype
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        return {"": _as_float(x, self.spec).to(self.dtype)}
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        # Any float dtype is accepted: a later codec in a chain hands back float32.
+        if set(parts) != {""} or not parts[""].is_floating_point():
+            raise ValueError(f"{self.spec}: expected one floating part '', got {sorted(parts)}")
+        return parts[""].to(torch.float32)
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        return {"": (tuple(shape), self.dtype)}
+
+
+def fp32() -> _Cast:
+    """Identity: float32 values (other float dtypes are cast to float32)."""
+    return _Cast("fp32", torch.float32)
+
+
+def fp16() -> _Cast:
+    """IEEE half precision, round to nearest (values beyond +-65504 become inf)."""
+    return _Cast("fp16", torch.float16)
+
+
+def bf16() -> _Cast:
+    """bfloat16, round to nearest: float32's range, 8 bits of mantissa."""
+    return _Cast("bf16", torch.bfloat16)
+
+
+class Int8(_Base):
+    """Per-tensor symmetric int8 with stochastic rounding (unbiased).
+
+    ``scale = max|x| / 127`` travels as a float32 aux part; ``q = floor(x/scale + u)``
+    with ``u ~ U[0, 1)`` from the generator, so ``E[q * scale] = x`` and
+    ``|q * scale - x| < scale`` per element.
+    """
+
+    spec = "int8"
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        x = _as_float(x, self.spec)
+        if x.numel() == 0:
+            return {"q": torch.zeros(x.shape, dtype=torch.int8), "_scale": torch.zeros(())}
+        amax = x.abs().max()
+        if not torch.isfinite(amax):
+            raise ValueError("codec int8: tensor has non-finite values (inf or nan)")
+        scale = (amax / 127.0).to(torch.float32)
+        if float(scale) == 0.0:
+            return {"q": torch.zeros(x.shape, dtype=torch.int8), "_scale": scale}
+        u = torch.rand(x.shape, generator=gen, dtype=torch.float32)
+        q = torch.floor(x / scale + u).clamp_(-127, 127).to(torch.int8)
+        return {"q": q, "_scale": scale}
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        _check_parts(parts, {"q": torch.int8, "_scale": torch.float32}, self.spec)
+        if parts["_scale"].numel() != 1:
+            raise ValueError("int8: _scale must be a scalar")
+        return parts["q"].to(torch.float32) * parts["_scale"].reshape(())
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        return {"q": (tuple(shape), torch.int8), "_scale": ((), torch.float32)}
+
+
+def int8() -> Int8:
+    """Per-tensor symmetric int8, stochastic rounding (see :class:`Int8`)."""
+    return Int8()
+
+
+# --------------------------------------------------------------------------- sparsifiers
+
+
+def _fmt_num(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+class TopK(_Base):
+    """Keep the ``k`` entries of largest magnitude: int32 indices + float32 values.
+
+    ``k`` is an integer count (``topk(1000)``, capped at the tensor's size) or a fraction
+    of the tensor's size (``topk(0.01)``: ``k = ceil(frac * numel)``, at least 1). The
+    original shape travels as the aux part ``_shape``; decode scatters the values into
+    zeros. Indices are sent in increasing order.
+    """
+
+    def __init__(self, k: float | int) -> None:
+        if isinstance(k, bool) or not isinstance(k, (int, float)):
+            raise ValueError(f"topk: k must be an int count or a float fraction, got {k!r}")
+        if isinstance(k, int):
+            if k < 1:
+                raise ValueError(f"topk: count must be >= 1, got {k}")
+        elif not (0.0 < k <= 1.0):
+            raise ValueError(f"topk: fraction must be in (0, 1], got {k} (use an int for a count)")
+        self.k = k
+        self.spec = f"topk({_fmt_num(k)})"
+
+    def k_for(self, numel: int) -> int:
+        """Number of kept entries for a tensor of ``numel`` elements."""
+        if numel == 0:
+            return 0
+        if isinstance(self.k, int):
+            return min(self.k, numel)
+        return min(numel, max(1, math.ceil(self.k * numel)))
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        x = _as_float(x, self.spec)
+        flat = x.reshape(-1)
+        k = self.k_for(flat.numel())
+        if k == flat.numel():
+            idx = torch.arange(k, dtype=torch.int64)
+        else:
+            idx = torch.topk(flat.abs(), k, sorted=False).indices
+            idx, _ = torch.sort(idx)
+        return {"idx": idx.to(torch.int32), "val": flat[idx], "_shape": _shape_part(x.shape)}
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        _check_parts(parts, {"idx": torch.int32, "val": torch.float32, "_shape": torch.int64},
+                     self.spec)
+        shape = _read_shape(parts, self.spec)
+        n = math.prod(shape)
+        idx, val = parts["idx"].reshape(-1).to(torch.int64), parts["val"].reshape(-1)
+        if idx.numel() != self.k_for(n) or val.numel() != idx.numel():
+            raise ValueError(f"{self.spec}: expected {self.k_for(n)} indices and values for "
+                             f"shape {shape}, got {idx.numel()} and {val.numel()}")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise ValueError(f"{self.spec}: index out of range for shape {shape}")
+        out = torch.zeros(n, dtype=torch.float32)
+        out[idx] = val
+        return out.reshape(shape)
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        k = self.k_for(math.prod(shape))
+        return {"idx": ((k,), torch.int32), "val": ((k,), torch.float32),
+                "_shape": ((len(shape),), torch.int64)}
+
+
+def topk(k: float | int) -> TopK:
+    """Top-k by magnitude; ``k`` an int count or a float fraction (see :class:`TopK`)."""
+    return TopK(k)
+
+
+def _seeded_gen(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+class RandMask(_Base):
+    """Random subset of ``ceil(frac * numel)`` coordinates; only the values travel.
+
+    The subset is drawn from a seed (taken from the link's generator) that travels as
+    the int64 aux scalar ``_seed``; the receiver regenerates the same indices from it.
+    With ``scale=True`` the values are multiplied by ``numel / k`` so that the decoded
+    tensor is an unbiased estimate of the input.
+    """
+
+    def __init__(self, frac: float, scale: bool = False) -> None:
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
+            raise ValueError(f"randmask: fraction must be in (0, 1], got {frac!r}")
+        self.frac = float(frac)
+        self.scale = bool(scale)
+        self.spec = f"randmask({self.frac!r}" + (",scale=true)" if self.scale else ")")
+
+    def k_for(self, numel: int) -> int:
+        """Number of kept coordinates for a tensor of ``numel`` elements."""
+        return 0 if numel == 0 else min(numel, max(1, math.ceil(self.frac * numel)))
+
+    def _indices(self, seed: int, n: int) -> Tensor:
+        k = self.k_for(n)
+        if k == n:
+            return torch.arange(n)
+        idx = torch.randperm(n, generator=_seeded_gen(seed))[:k]
+        return torch.sort(idx).values
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        x = _as_float(x, self.spec)
+        flat = x.reshape(-1)
+        seed = _draw_seed(gen)
+        val = flat[self._indices(seed, flat.numel())]
+        if self.scale and val.numel():
+            val = val * (flat.numel() / val.numel())
+        return {"val": val, "_seed": torch.tensor(seed, dtype=torch.int64),
+                "_shape": _shape_part(x.shape)}
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        _check_parts(parts, {"val": torch.float32, "_seed": torch.int64, "_shape": torch.int64},
+                     self.spec)
+        shape = _read_shape(parts, self.spec)
+        n = math.prod(shape)
+        val = parts["val"].reshape(-1)
+        if val.numel() != self.k_for(n) or parts["_seed"].numel() != 1:
+            raise ValueError(f"{self.spec}: expected {self.k_for(n)} values and one seed for "
+                             f"shape {shape}, got {val.numel()} values")
+        out = torch.zeros(n, dtype=torch.float32)
+        out[self._indices(int(parts["_seed"].reshape(())), n)] = val
+        return out.reshape(shape)
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        k = self.k_for(math.prod(shape))
+        return {"val": ((k,), torch.float32), "_seed": ((), torch.int64),
+                "_shape": ((len(shape),), torch.int64)}
+
+
+def randmask(frac: float, scale: bool = False) -> RandMask:
+    """Seeded random coordinate subset (see :class:`RandMask`)."""
+    return RandMask(frac, scale)
+
+
+class Sketch(_Base):
+    """Count sketch of the flattened tensor: a ``rows x cols`` float32 table.
+
+    Row ``r`` adds ``s_r(i) * x_i`` into bucket ``h_r(i)``, with 2-universal hashes
+    ``((a i + b) mod p) mod cols`` and sign from ``((c i + d) mod p)``'s parity
+    (``p = 2**31 - 1``). The hash coefficients come from a seed that travels as the aux
+    part ``_seed``. Decode is the median over rows of ``s_r(i) * table[r, h_r(i)]``
+    (the mean of the two middle values for an even number of rows): exact for a
+    coordinate that no other non-zero coordinate collides with in most rows.
+    """
+
+    _CHUNK = 1 << 20
+
+    def __init__(self, rows: int, cols: int) -> None:
+        for nm, v in (("rows", rows), ("cols", cols)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"sketch: {nm} must be a positive int, got {v!r}")
+        self.rows, self.cols = rows, cols
+        self.spec = f"sketch({rows},{cols})"
+
+    def _coeffs(self, seed: int) -> Tensor:
+        return torch.randint(1, _PRIME, (self.rows, 4), generator=_seeded_gen(seed))
+
+    def _hash(self, coeffs: Tensor, r: int, i: Tensor) -> tuple[Tensor, Tensor]:
+        a, b, c, d = (int(v) for v in coeffs[r])
+        h = ((a * i + b) % _PRIME) % self.cols
+        s = 1.0 - 2.0 * (((c * i + d) % _PRIME) & 1).to(torch.float32)
+        return h, s
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        x = _as_float(x, self.spec)
+        flat = x.reshape(-1).to(torch.float64)
+        seed = _draw_seed(gen)
+        coeffs = self._coeffs(seed)
+        table = torch.zeros(self.rows, self.cols, dtype=torch.float64)
+        for lo in range(0, flat.numel(), self._CHUNK):
+            i = torch.arange(lo, min(lo + self._CHUNK, flat.numel()), dtype=torch.int64)
+            for r in range(self.rows):
+                h, s = self._hash(coeffs, r, i)
+                table[r].index_add_(0, h, s.to(torch.float64) * flat[i])
+        return {"table": table.to(torch.float32), "_seed": torch.tensor(seed, dtype=torch.int64),
+                "_shape": _shape_part(x.shape)}
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        _check_parts(parts, {"table": torch.float32, "_seed": torch.int64,
+                             "_shape": torch.int64}, self.spec)
+        shape = _read_shape(parts, self.spec)
+        table = parts["table"]
+        if tuple(table.shape) != (self.rows, self.cols) or parts["_seed"].numel() != 1:
+            raise ValueError(f"{self.spec}: table must be {self.rows}x{self.cols}, "
+                             f"got {tuple(table.shape)}")
+        coeffs = self._coeffs(int(parts["_seed"].reshape(())))
+        n = math.prod(shape)
+        out = torch.empty(n, dtype=torch.float32)
+        lo_mid, hi_mid = (self.rows - 1) // 2, self.rows // 2
+        for lo in range(0, n, self._CHUNK):
+            i = torch.arange(lo, min(lo + self._CHUNK, n), dtype=torch.int64)
+            est = torch.empty(self.rows, i.numel(), dtype=torch.float32)
+            for r in range(self.rows):
+                h, s = self._hash(coeffs, r, i)
+                est[r] = s * table[r][h]
+            srt = torch.sort(est, dim=0).values
+            out[lo:lo + i.numel()] = 0.5 * (srt[lo_mid] + srt[hi_mid])
+        return out.reshape(shape)
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        return {"table": ((self.rows, self.cols), torch.float32), "_seed": ((), torch.int64),
+                "_shape": ((len(shape),), torch.int64)}
+
+
+def sketch(rows: int, cols: int) -> Sketch:
+    """Count sketch with ``rows`` hash rows of ``cols`` buckets (see :class:`Sketch`)."""
+    return Sketch(rows, cols)
+
+
+# --------------------------------------------------------------------------- chain
+
+
+def _join(prefix: str, part: str) -> str:
+    return prefix if part == "" else f"{prefix}/{part}"
+
+
+def _split(leaf: str) -> tuple[str, str]:
+    head, sep, rest = leaf.partition("/")
+    return head, rest
+
+
+class Chain(_Base):
+    """``chain(a, b, ...)``: ``a``, then ``chain(b, ...)`` on each non-aux float leaf of ``a``."""
+
+    def __init__(self, *codecs: Codec) -> None:
+        flat: list[Codec] = []
+        for c in codecs:
+            flat.extend(c.codecs if isinstance(c, Chain) else [c])
+        if len(flat) < 2:
+            raise ValueError("chain needs at least two codecs")
+        self.codecs = tuple(flat)
+        self.head = flat[0]
+        self.rest: Codec = flat[1] if len(flat) == 2 else Chain(*flat[1:])
+        self.spec = "+".join(c.spec for c in flat)
+
+    @staticmethod
+    def _passes(name: str, t_is_float: bool) -> bool:
+        """Whether a head leaf goes through the rest of the chain."""
+        return not name.startswith("_") and t_is_float
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, t in self.head.encode(x, gen).items():
+            if "/" in name:
+                raise ValueError(f"codec {self.head.spec}: part name {name!r} contains '/'")
+            if not self._passes(name, t.is_floating_point()):
+                out[name] = t
+                continue
+            for part, s in self.rest.encode(t, gen).items():
+                if part == "" and not s.is_floating_point():
+                    raise ValueError(f"codec {self.rest.spec}: part '' must be floating")
+                out[_join(name, part)] = s
+        return out
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        groups: dict[str, dict[str, Tensor]] = {}
+        for leaf, t in parts.items():
+            head, rest = _split(leaf)
+            groups.setdefault(head, {})[rest] = t
+        head_parts: dict[str, Tensor] = {}
+        for name, sub in groups.items():
+            if set(sub) == {""} and not self._passes(name, sub[""].is_floating_point()):
+                head_parts[name] = sub[""]
+            elif name.startswith("_"):
+                raise ValueError(f"{self.spec}: aux part {name!r} has sub-parts")
+            else:
+                head_parts[name] = self.rest.decode(sub)
+        return self.head.decode(head_parts)
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        out: LeafSpec = {}
+        for name, (s, dt) in self.head.leaves(tuple(shape)).items():
+            if not self._passes(name, dt.is_floating_point):
+                out[name] = (s, dt)
+                continue
+            for part, spec in self.rest.leaves(s).items():
+                out[_join(name, part)] = spec
+        return out
+
+
+def chain(*codecs: Codec) -> Codec:
+    """Compose codecs left to right; ``chain(c)`` is ``c`` (see :class:`Chain`)."""
+    if len(codecs) == 1:
+        return codecs[0]
+    return Chain(*codecs)
+
+
+# --------------------------------------------------------------------------- registry, parsing
+
+CODECS: dict[str, str] = {
+    "fp32": "float32 values, no loss (identity)",
+    "fp16": "IEEE half precision, round to nearest: 2 bytes/value",
+    "bf16": "bfloat16, round to nearest: 2 bytes/value, float32 range",
+    "int8": "per-tensor symmetric int8, stochastic rounding (unbiased): 1 byte/value + scale",
+    "topk(k)": "largest-|x| entries; k an int count or a fraction in (0,1]: int32 index + value",
+    "randmask(frac[,scale=true])": "seeded random coordinates, values only; scale=true rescales "
+                                   "by numel/k (unbiased)",
+    "sketch(rows,cols)": "count sketch (rows x cols float32 table); decode = median estimate",
+    "a+b": "chain: apply b to the non-aux float parts that a produces (e.g. topk(0.01)+fp16)",
+}
+
+_TERM = re.compile(r"^([a-z][a-z0-9_]*)(?:\((.*)\))?$")
+
+
+def _known() -> str:
+    return ", ".join(CODECS)
+
+
+def _parse_arg(text: str, spec: str) -> int | float | bool:
+    t = text.strip().lower()
+    if t in ("true", "false"):
+        return t == "true"
+    try:
+        return int(t) if re.fullmatch(r"[+-]?\d+", t) else float(t)
+    except ValueError:
+        raise ValueError(f"bad codec argument {text!r} in {spec!r}; known codecs: {_known()}") \
+            from None
+
+
+def _parse_term(term: str, spec: str) -> Codec:
+    m = _TERM.match(term.strip().replace(" ", ""))
+    if not m:
+        raise ValueError(f"bad codec {term!r} in {spec!r}; known codecs: {_known()}")
+    name, argtext = m.group(1), m.group(2)
+    args: list[int | float | bool] = []
+    kwargs: dict[str, int | float | bool] = {}
+    if argtext:
+        for a in argtext.split(","):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                kwargs[k.strip()] = _parse_arg(v, spec)
+            else:
+                args.append(_parse_arg(a, spec))
+    makers = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "int8": int8, "topk": topk,
+              "randmask": randmask, "sketch": sketch}
+    if name not in makers:
+        raise ValueError(f"unknown codec {name!r} in {spec!r}; known codecs: {_known()}")
+    try:
+        return makers[name](*args, **kwargs)  # type: ignore[operator]
+    except TypeError:
+        raise ValueError(f"bad arguments for codec {name!r} in {spec!r}; known codecs: "
+                         f"{_known()}") from None
+    except ValueError as e:
+        raise ValueError(f"{e} (in {spec!r}); known codecs: {_known()}") from None
+
+
+def parse_codec(spec: str) -> Codec:
+    """The codec for a spec string such as ``"fp16"``, ``"topk(0.01)+int8"``, ``"sketch(5,2000)"``.
+
+    ``parse_codec(c.spec).spec == c.spec`` for every codec. Raises a one-line
+    ``ValueError`` naming the known codecs on bad input.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty codec spec {spec!r}; known codecs: {_known()}")
+    terms = [_parse_term(t, spec) for t in spec.split("+")]
+    return chain(*terms)

@@ -1,0 +1,293 @@
+"""Experiment configuration: schema, TOML loading, ``key=value`` overrides, validation.
+
+One experiment is one TOML file (plus optional ``section.key=value`` overrides on the
+command line). Everything is validated before anything runs or is written: an unknown
+key, a wrong type or a value out of range raises :class:`ConfigError` whose message is a
+single line naming the key and what is allowed (the CLI prints it and exits with 2).
+
+Algorithm hyperparameters and model options are validated by the algorithm's own
+pydantic model and by the model registry, so ``lowband list`` and the validation never
+disagree about names or defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+import tomli_w
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described in one line (key, what is wrong, what is allowed)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+PROTOCOLS = ("global", "personal", "node_global", "consensus")
+
+
+class DataConfig(_Strict):
+    """Where the data comes from and how it is split among nodes."""
+
+    dataset: str = "digits"
+    data_dir: Optional[str] = None
+    download: bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+    num_clients: int = Field(10, ge=1, le=100_000)
+    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural"] = "iid"
+    alpha: Optional[float] = Field(None, gt=0)
+    min_size: int = Field(10, ge=0)
+    classes_per_client: int = Field(2, ge=1)
+    samples_per_client: int = Field(200, ge=1)
+    split: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    public_size: int = Field(0, ge=0)
+
+    @field_validator("split")
+    @classmethod
+    def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(x < 0 for x in v) or abs(sum(v) - 1.0) > 1e-6 or v[0] <= 0:
+            raise ValueError("must be [train, val, test] fractions >= 0 summing to 1 with train > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _alpha_needed(self) -> "DataConfig":
+        if self.partition == "dirichlet" and self.alpha is None:
+            raise ValueError("alpha: partition 'dirichlet' needs alpha > 0 (e.g. alpha = 0.3)")
+        return self
+
+
+class ModelConfig(BaseModel):
+    """Model name from the registry; every other key is passed to the model builder."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "mlp"
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class AlgorithmConfig(BaseModel):
+    """Algorithm name; every other key is a hyperparameter validated by the algorithm."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedavg"
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class TopologyConfig(_Strict):
+    """Who may talk to whom each round (see lowband.topology)."""
+
+    kind: Optional[Literal["star", "kregular", "ring", "complete", "erdos_renyi", "contact_plan"]] = None
+    sampling: Literal["all", "fraction", "count", "list"] = "fraction"
+    fraction: float = Field(0.1, gt=0, le=1)
+    count: Optional[int] = Field(None, ge=1)
+    schedule: Optional[list[list[int]]] = None
+    k: int = Field(5, ge=1)
+    p: float = Field(0.1, gt=0, le=1)
+    time_varying: bool = True
+    per_round: Optional[list[int]] = None
+    plan_file: Optional[str] = None
+
+
+class CommConfig(_Strict):
+    """Codecs applied on the links (see lowband.comm.codecs)."""
+
+    codec: str = "fp32"
+    by_kind: dict[str, str] = Field(default_factory=dict)
+    by_direction: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("by_direction")
+    @classmethod
+    def _directions(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if k not in ("up", "down", "peer")]
+        if bad:
+            raise ValueError(f"unknown direction {bad[0]!r}; allowed: up, down, peer")
+        return v
+
+
+class EvalConfig(_Strict):
+    """Which evaluation protocols run, how often, and the target for rounds/bytes-to-target."""
+
+    protocols: Optional[list[Literal["global", "personal", "node_global", "consensus"]]] = None
+    every: int = Field(1, ge=1)
+    batch_size: int = Field(2000, ge=1)
+    target: Optional[float] = Field(None, gt=0, le=1)
+    main: Optional[str] = None
+    at_round0: bool = True
+
+
+class Experiment(_Strict):
+    """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
+
+    name: str = "experiment"
+    seed: int = 0
+    rounds: int = Field(10, ge=0, le=1_000_000)
+    out_dir: Optional[str] = None
+    executor: Literal["serial", "ray"] = "serial"
+    threads: Optional[int] = Field(None, ge=1)
+    checkpoint_every: int = Field(1, ge=0)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    comm: CommConfig = Field(default_factory=CommConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
+
+    def to_toml(self) -> str:
+        """The resolved configuration as TOML (None values dropped), as written to run_dir."""
+        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):
+        return [_drop_none(v) for v in d]
+    return d
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int) or True)
+
+
+def _format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err.get("loc", ()))
+    key = f"{prefix}{key}" if key else prefix.rstrip(".")
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        return f"{key}: unknown key"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    got = err.get("input")
+    got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{key}: {msg}{got_s}"
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    cls: Any = model
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part)) if hasattr(cls, "model_fields") else None
+        if field is None:
+            return []
+        cls = field.annotation
+    return list(getattr(cls, "model_fields", {}).keys())
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``section.key=value``; the value is read as a TOML value, else as a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. algorithm.lr=0.05")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {item!r}: empty key; expected e.g. data.alpha=0.3")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides to a raw config dict (copy)."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for p in path[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file into a dict with a one-line error on a missing or malformed file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} not found; pass the path of a .toml file (see experiments/)")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+
+
+def validate(raw: dict[str, Any]) -> Experiment:
+    """Validate a raw dict into an :class:`Experiment`, including algorithm and model options."""
+    try:
+        exp = Experiment.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        line = _format_validation_error(exc)
+        if err.get("type") == "extra_forbidden":
+            allowed = _allowed_keys(Experiment, tuple(err.get("loc", ())))
+            if allowed:
+                line += f"; allowed: {', '.join(allowed)}"
+        raise ConfigError(line) from None
+    _validate_plugins(exp)
+    return exp
+
+
+def _validate_plugins(exp: Experiment) -> None:
+    from lowband.algorithms import ALGORITHMS
+    from lowband.models import MODELS
+
+    if exp.algorithm.name not in ALGORITHMS:
+        raise ConfigError(
+            f"algorithm.name: unknown algorithm {exp.algorithm.name!r}; available: {', '.join(sorted(ALGORITHMS))}"
+        )
+    hp_cls = ALGORITHMS[exp.algorithm.name].Hyperparams
+    try:
+        hp_cls.model_validate(exp.algorithm.options())
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        line = _format_validation_error(exc, "algorithm.")
+        if err.get("type") == "extra_forbidden":
+            line += f" for {exp.algorithm.name}; allowed: {', '.join(hp_cls.model_fields)}"
+        raise ConfigError(line) from None
+    if exp.model.name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {exp.model.name!r}; available: {', '.join(sorted(MODELS))}")
+    from lowband.comm.codecs import parse_codec
+
+    for key, spec in [("comm.codec", exp.comm.codec)] + [
+        (f"comm.by_kind.{k}", v) for k, v in exp.comm.by_kind.items()
+    ] + [(f"comm.by_direction.{k}", v) for k, v in exp.comm.by_direction.items()]:
+        try:
+            parse_codec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+
+
+def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:
+    """Load a TOML file (or the defaults when ``path`` is None), apply overrides, validate."""
+    raw = load_toml(path) if path is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    return validate(raw)
+
+
+def hyperparams(exp: Experiment) -> BaseModel:
+    """The validated hyperparameter object of the experiment's algorithm."""
+    from lowband.algorithms import ALGORITHMS
+
+    return ALGORITHMS[exp.algorithm.name].Hyperparams.model_validate(exp.algorithm.options())

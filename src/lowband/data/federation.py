@@ -1,0 +1,190 @@
+"""From a Dataset to a Federation: public set, partition, per-node train/val/test.
+
+Order of operations (each step seeded by its own address, so changing one knob does
+not reshuffle the others):
+
+1. carve the public reference set: ``public_size`` training indices drawn uniformly
+   (``np_gen(seed, "public")``), removed from the pool no client may own;
+2. partition the remaining pool among clients (``np_gen(seed, "partition", kind)``);
+3. split each client's indices into local train/val/test with ``split_local``
+   (``np_gen(seed, "split", client)``).
+
+The official test split becomes the held-out global test set, never given to clients.
+Node tensors are index-selected copies, so a node may modify its own data freely;
+``global_test_*`` share the (cached, read-only by convention) Dataset tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..seeding import np_gen
+from . import partition as P
+from .sources import Dataset
+
+__all__ = ["NodeData", "Federation", "build_federation", "PARTITIONS"]
+
+PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural")
+
+
+@dataclass(repr=False)
+class NodeData:
+    """One node's local data; an empty split has shape ``(0, *input_shape)``."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def n_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def n_val(self) -> int:
+        return int(self.val_y.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+    def __repr__(self) -> str:
+        return f"NodeData(train={self.n_train}, val={self.n_val}, test={self.n_test})"
+
+
+@dataclass(repr=False)
+class Federation:
+    """Everything a simulation needs about data. ``partition[i]`` holds client i's indices
+    into the dataset's training set (before the local split), for reporting."""
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    meta: dict
+    nodes: list[NodeData]
+    global_test_x: torch.Tensor
+    global_test_y: torch.Tensor
+    public_x: torch.Tensor
+    public_y: torch.Tensor
+    partition: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.nodes)
+
+    def class_counts(self) -> np.ndarray:
+        """(clients x classes) counts over each node's full local data (train+val+test)."""
+        rows = []
+        for nd in self.nodes:
+            y = torch.cat([nd.train_y, nd.val_y, nd.test_y]).numpy()
+            rows.append(np.bincount(y, minlength=self.num_classes)[: self.num_classes])
+        return np.stack(rows) if rows else np.zeros((0, self.num_classes), np.int64)
+
+    def __repr__(self) -> str:
+        sizes = [nd.n_train + nd.n_val + nd.n_test for nd in self.nodes]
+        return (
+            f"Federation({self.name!r}, clients={len(self.nodes)}, samples/client "
+            f"min={min(sizes, default=0)} max={max(sizes, default=0)}, "
+            f"public={len(self.public_y)}, global_test={len(self.global_test_y)})"
+        )
+
+
+def _take(x: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    return x[torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))]
+
+
+def build_federation(
+    dataset: Dataset,
+    *,
+    num_clients: int,
+    partition: str = "iid",
+    alpha: float | None = None,
+    min_size: int = 10,
+    classes_per_client: int = 2,
+    samples_per_client: int = 200,
+    split: tuple[float, float, float] = (1.0, 0.0, 0.0),
+    public_size: int = 0,
+    seed: int = 0,
+    max_retries: int = 1000,
+) -> Federation:
+    """Deal ``dataset``'s training set out to ``num_clients`` nodes.
+
+    ``partition``: ``iid`` (disjoint near-equal shards), ``dirichlet`` (needs ``alpha``;
+    ``min_size``, ``max_retries``), ``shards`` (``classes_per_client``), ``ntk_fl``
+    (``alpha``, None = IID; ``samples_per_client``; nodes may overlap) or ``natural``
+    (the dataset's own clients, e.g. ``synthetic``). ``split`` = local (train, val, test)
+    ratios. Raises ValueError (PartitionError is one) for impossible requests.
+    """
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; got {partition!r}")
+    if int(num_clients) < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    split = tuple(float(s) for s in split)  # type: ignore[assignment]
+    if len(split) != 3 or min(split) < 0 or abs(sum(split) - 1.0) > 1e-6:
+        raise ValueError(f"split must be 3 non-negative ratios (train, val, test) summing to 1, got {split}")
+    labels = dataset.train_y.numpy()
+    n = labels.size
+    if not 0 <= public_size < n:
+        raise ValueError(f"public_size must be in 0..{n - 1} ({dataset.name} has {n} training samples), got {public_size}")
+
+    public = np.sort(np_gen(seed, "public").choice(n, public_size, replace=False)).astype(np.int64)
+    pool = np.setdiff1d(np.arange(n, dtype=np.int64), public, assume_unique=True)
+    if partition != "ntk_fl" and num_clients > pool.size:
+        raise ValueError(f"num_clients={num_clients} exceeds the {pool.size} training samples left for clients")
+    rng = np_gen(seed, "partition", partition)
+    pool_y = labels[pool]
+
+    if partition == "iid":
+        local = P.iid(pool.size, num_clients, rng)
+    elif partition == "dirichlet":
+        if alpha is None:
+            raise ValueError("partition='dirichlet' needs alpha (e.g. 0.1 strong skew, 1.0 mild, 100 ~ IID)")
+        local = P.dirichlet(pool_y, num_clients, alpha, rng, min_size=min_size, max_retries=max_retries)
+    elif partition == "shards":
+        local = P.shards(pool_y, num_clients, classes_per_client, rng)
+    elif partition == "ntk_fl":
+        local = P.ntk_fl(pool_y, num_clients, alpha, rng, samples_per_client=samples_per_client)
+    else:
+        if dataset.natural_partition is None:
+            raise ValueError(f"partition='natural' needs a dataset with its own clients; {dataset.name} has none (use iid/dirichlet/shards/ntk_fl)")
+        if num_clients != len(dataset.natural_partition):
+            raise ValueError(
+                f"partition='natural': {dataset.name} defines {len(dataset.natural_partition)} clients, "
+                f"num_clients={num_clients}; set num_clients to match"
+            )
+        pos = np.full(n, -1, dtype=np.int64)
+        pos[pool] = np.arange(pool.size)
+        local = [pos[np.asarray(p, dtype=np.int64)] for p in dataset.natural_partition]
+        local = [p[p >= 0] for p in local]  # drop samples taken for the public set
+    parts = [pool[p] for p in local]
+
+    nodes = []
+    for i, idx in enumerate(parts):
+        tr, va, te = P.split_local(idx, labels, split, np_gen(seed, "split", i))
+        nodes.append(NodeData(
+            _take(dataset.train_x, tr), _take(dataset.train_y, tr),
+            _take(dataset.train_x, va), _take(dataset.train_y, va),
+            _take(dataset.train_x, te), _take(dataset.train_y, te),
+        ))
+    meta = dict(dataset.meta)
+    meta["federation"] = {
+        "partition": partition, "alpha": alpha, "num_clients": num_clients, "split": list(split),
+        "public_size": public_size, "seed": seed,
+    }
+    return Federation(
+        name=dataset.name,
+        num_classes=dataset.num_classes,
+        input_shape=tuple(dataset.input_shape),
+        meta=meta,
+        nodes=nodes,
+        global_test_x=dataset.test_x,
+        global_test_y=dataset.test_y,
+        public_x=_take(dataset.train_x, public),
+        public_y=_take(dataset.train_y, public),
+        partition=parts,
+    )

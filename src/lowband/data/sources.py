@@ -1,0 +1,234 @@
+"""Dataset registry and loading: ``load_dataset(name, data_dir, **options) -> Dataset``.
+
+Sources: ``mnist``, ``fashion_mnist`` (IDX), ``cifar10`` (python pickles), ``ag_news``
+(CSV text), and two that need no files, ``digits`` (scikit-learn) and ``synthetic``
+(FedProx generator). All arrive as in-memory tensors, normalised, in the official
+train/test split where one exists.
+
+Loaded datasets are cached in-process keyed on (name, resolved folder, options), so the
+same Dataset object — the same tensors — is returned to every caller. **Callers must
+not mutate its tensors in place**; index them (which copies) or ``.clone()`` first.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .errors import DatasetError
+from .files import FILES
+
+__all__ = [
+    "Dataset",
+    "DatasetError",
+    "DatasetInfo",
+    "DATASETS",
+    "resolve_data_dir",
+    "load_dataset",
+    "missing_files",
+    "clear_cache",
+]
+
+
+@dataclass(repr=False)
+class Dataset:
+    """A train/test pair of tensors plus what models need to know about them.
+
+    Images: ``x`` float32 ``(N, C, H, W)``, normalised. Text: ``x`` int64 token ids
+    ``(N, L)``, 0 = pad, 1 = unk, and ``meta["vocab_size"]`` set. ``y`` is int64 in
+    ``0..num_classes-1``. ``natural_partition`` lists train indices per client when the
+    source defines clients (``synthetic``). Shared via the cache: do not mutate.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    meta: dict = field(default_factory=dict)
+    natural_partition: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            if len(x) != len(y):
+                raise ValueError(f"{self.name}: {split}_x has {len(x)} rows but {split}_y has {len(y)}")
+            if tuple(x.shape[1:]) != tuple(self.input_shape):
+                raise ValueError(f"{self.name}: {split}_x rows are {tuple(x.shape[1:])}, input_shape says {self.input_shape}")
+        if not self.train_x.is_floating_point() and "vocab_size" not in self.meta:
+            raise ValueError(f"{self.name}: token-id data must set meta['vocab_size']")
+
+    @property
+    def is_text(self) -> bool:
+        """True for token-id inputs (int64), False for float features/images."""
+        return not self.train_x.is_floating_point()
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset({self.name!r}, train={tuple(self.train_x.shape)}, test={tuple(self.test_x.shape)}, "
+            f"num_classes={self.num_classes}, input_shape={self.input_shape}"
+            + (f", clients={len(self.natural_partition)}" if self.natural_partition is not None else "")
+            + ")"
+        )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What ``lowband list`` shows: a description, the files needed (relative to the data
+    folder; empty = none), the accepted options with their defaults, and the source."""
+
+    name: str
+    description: str
+    needs_files: tuple[str, ...]
+    options: dict[str, Any]
+    source: str
+
+
+def _files(name: str) -> tuple[str, ...]:
+    return tuple(s.relpath for s in FILES[name] if not s.optional)
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist": DatasetInfo(
+        "mnist", "MNIST handwritten digits, 60k/10k, 1x28x28, 10 classes", _files("mnist"), {},
+        "LeCun, Cortes & Burges; CC BY-SA 3.0",
+    ),
+    "fashion_mnist": DatasetInfo(
+        "fashion_mnist", "Fashion-MNIST clothing, 60k/10k, 1x28x28, 10 classes", _files("fashion_mnist"), {},
+        "Xiao, Rasul & Vollgraf 2017 (Zalando Research); MIT",
+    ),
+    "cifar10": DatasetInfo(
+        "cifar10", "CIFAR-10 natural images, 50k/10k, 3x32x32, 10 classes (or extracted cifar-10-batches-py/)",
+        _files("cifar10"), {}, "Krizhevsky 2009",
+    ),
+    "ag_news": DatasetInfo(
+        "ag_news",
+        "AG News headlines, 4 classes, token ids (L,); official split if train.csv exists, "
+        "else a stratified split of test.csv (train_size texts for training)",
+        _files("ag_news"),
+        {"train_size": 6000, "vocab_size": 20000, "max_len": 64, "seed": 0},
+        "Zhang, Zhao & LeCun 2015, AG's corpus; non-commercial research",
+    ),
+    "digits": DatasetInfo(
+        "digits", "UCI 8x8 digits bundled with scikit-learn, 1797 images, 1x8x8, 10 classes; no files",
+        (), {"test_fraction": 0.2, "seed": 0}, "Alpaydin & Kaynak 1998, via scikit-learn",
+    ),
+    "synthetic": DatasetInfo(
+        "synthetic",
+        "FedProx Synthetic(alpha, beta): per-client logistic models, features (dim,), natural clients; no files",
+        (),
+        {"alpha": 1.0, "beta": 1.0, "num_clients": 30, "dim": 60, "num_classes": 10,
+         "iid": False, "train_fraction": 0.8, "seed": 0},
+        "Li et al. 2020 (FedProx)",
+    ),
+}
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """The data folder: ``data_dir`` if given, else ``$LOWBAND_DATA``, else
+    ``platformdirs.user_cache_dir("lowband")/data``. Not created here."""
+    if data_dir is not None and str(data_dir) != "":
+        return Path(data_dir).expanduser()
+    env = os.environ.get("LOWBAND_DATA")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("lowband")) / "data"
+
+
+def _check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    defaults = DATASETS[name].options
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        allowed = ", ".join(defaults) or "none"
+        raise ValueError(f"{name}: unknown option {unknown[0]!r} (allowed: {allowed})")
+    merged = dict(defaults)
+    for key, value in options.items():
+        want = type(defaults[key])
+        ok = (
+            isinstance(value, bool) if want is bool
+            else isinstance(value, (int, np.integer)) and not isinstance(value, bool) if want is int
+            else isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        )
+        if not ok:
+            raise ValueError(f"{name}: option {key!r} must be {want.__name__}, got {value!r}")
+        merged[key] = want(value)
+    return merged
+
+
+def missing_files(name: str, data_dir: str | Path | None = None) -> list[Path]:
+    """Required files of ``name`` that are absent from the data folder (empty if none).
+
+    An extracted ``cifar-10-batches-py/`` folder counts as having CIFAR-10.
+    """
+    root = resolve_data_dir(data_dir)
+    if name == "cifar10" and (root / "cifar-10-batches-py").is_dir():
+        return []
+    return [root / rel for rel in DATASETS[name].needs_files if not (root / rel).is_file()]
+
+
+def _loader(name: str) -> Callable[..., dict]:
+    if name in ("mnist", "fashion_mnist"):
+        from .idx import load_idx_dataset
+
+        return lambda root, **o: load_idx_dataset(name, root)
+    if name == "cifar10":
+        from .cifar import load_cifar10
+
+        return lambda root, **o: load_cifar10(root)
+    if name == "ag_news":
+        from .agnews import load_ag_news
+
+        return lambda root, **o: load_ag_news(root, **o)
+    if name == "digits":
+        from .embedded import load_digits_dataset
+
+        return lambda root, **o: load_digits_dataset(**o)
+    from .embedded import generate_synthetic
+
+    return lambda root, **o: generate_synthetic(**o)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(name: str, root: str, options: tuple[tuple[str, Any], ...]) -> Dataset:
+    fields = _loader(name)(Path(root), **dict(options))
+    return Dataset(name=name, **fields)
+
+
+def load_dataset(
+    name: str, data_dir: str | Path | None = None, *, download: bool = False, **options: Any
+) -> Dataset:
+    """Load dataset ``name`` (see :data:`DATASETS` for names and options).
+
+    ``data_dir`` is resolved by :func:`resolve_data_dir`. With ``download=True`` missing
+    files are fetched first (checksummed). Missing or corrupt files raise a one-line
+    :class:`DatasetError`; unknown names/options raise ValueError. Results are cached
+    in-process; the returned tensors are shared and must not be mutated.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    opts = _check_options(name, options)
+    info = DATASETS[name]
+    root = ""
+    if info.needs_files:
+        path = resolve_data_dir(data_dir)
+        if download and missing_files(name, path):
+            from .download import download as fetch
+
+            fetch(name, path)
+        root = str(path.resolve())
+    return _load_cached(name, root, tuple(sorted(opts.items())))
+
+
+def clear_cache() -> None:
+    """Drop every cached Dataset (e.g. after replacing files on disk, or to free memory)."""
+    _load_cached.cache_clear()

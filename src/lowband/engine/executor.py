@@ -1,0 +1,131 @@
+"""Executors run per-node work; they own the node states (design rule 1).
+
+The orchestrator hands an executor a :class:`~lowband.algorithms.base.Step` and the
+inboxes; the executor runs the step's function on each actor with that actor's context
+and state only, stores the new state and returns the outboxes. A distributed executor
+(Ray) implements the same three methods with node states sharded across workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Protocol
+
+import torch
+from torch import nn
+
+from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step
+from lowband.seeding import derive_seed
+from lowband.topology import RoundPlan
+
+
+@dataclass
+class ServerData:
+    """The server's own holdings: the public reference set (inputs and labels), if any."""
+
+    public_x: torch.Tensor
+    public_y: torch.Tensor
+
+
+@dataclass
+class NodeEnv:
+    """Static, read-only facts every worker needs to build contexts."""
+
+    algorithm: Algorithm
+    node_data: list[Any]
+    server_data: ServerData
+    seed: int
+    num_classes: int
+    model_factory: Callable[[int], nn.Module]  # node -> a fresh module of that node's architecture
+    model_key: Callable[[int], str]  # node -> architecture key (modules are cached per key)
+    init_params: Callable[[int], Params]  # node -> shared initial parameters of its architecture
+    public_x: Optional[torch.Tensor] = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_data)
+
+
+class Executor(Protocol):
+    def init_states(self, plan: RoundPlan) -> None: ...
+    def run_step(self, step: Step, round: int, plan: RoundPlan,
+                 inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]: ...
+    def map_nodes(self, fn: Callable[[NodeContext, State], Any], nodes: Iterable[int],
+                  round: int, plan: RoundPlan) -> dict[int, Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, sd: dict[str, Any]) -> None: ...
+
+
+class SerialExecutor:
+    """Runs every node's work in this process, one node after another.
+
+    One module per architecture is shared by all nodes (loaded with each node's
+    parameters in turn). Before each node's step the global torch RNG is seeded from
+    (seed, round, node, step) so dropout and friends do not depend on processing order.
+    """
+
+    def __init__(self, env: NodeEnv):
+        self.env = env
+        self.states: dict[int, State] = {}
+        self._models: dict[str, nn.Module] = {}
+
+    # -- contexts ----------------------------------------------------------------------
+    def model_for(self, node: int) -> nn.Module:
+        key = self.env.model_key(node)
+        if key not in self._models:
+            self._models[key] = self.env.model_factory(node)
+        return self._models[key]
+
+    def context(self, node: int, round: int, plan: RoundPlan) -> NodeContext:
+        env = self.env
+        data = env.server_data if node == SERVER else env.node_data[node]
+        return NodeContext(
+            node=node, round=round, plan=plan, data=data, model=self.model_for(node),
+            hp=env.algorithm.hp, seed=env.seed, num_nodes=env.num_nodes, num_classes=env.num_classes,
+            init_params=lambda n=node: env.init_params(n), public_x=env.public_x,
+        )
+
+    # -- work ----------------------------------------------------------------------------
+    def init_states(self, plan: RoundPlan) -> None:
+        alg = self.env.algorithm
+        for node in range(self.env.num_nodes):
+            torch.manual_seed(derive_seed(self.env.seed, "torch", "init", node))
+            self.states[node] = alg.init_node(self.context(node, 0, plan))
+        if alg.has_server:
+            torch.manual_seed(derive_seed(self.env.seed, "torch", "init", SERVER))
+            self.states[SERVER] = alg.init_server(self.context(SERVER, 0, plan))
+
+    def run_step(self, step: Step, round: int, plan: RoundPlan,
+                 inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
+        out: dict[int, Outbox] = {}
+        for node in step.actors:
+            torch.manual_seed(derive_seed(self.env.seed, "torch", round, node, step.name))
+            ctx = self.context(node, round, plan)
+            new_state, outbox = step.fn(ctx, self.states[node], inboxes.get(node, []))
+            self.states[node] = new_state
+            out[node] = outbox
+        return out
+
+    def map_nodes(self, fn: Callable[[NodeContext, State], Any], nodes: Iterable[int],
+                  round: int, plan: RoundPlan) -> dict[int, Any]:
+        return {n: fn(self.context(n, round, plan), self.states[n]) for n in nodes}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {str(k): v for k, v in self.states.items()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.states = {int(k): v for k, v in sd.items()}
+
+
+def make_executor(kind: str, env: NodeEnv, **options: Any) -> Executor:
+    """The executor named in the config ("serial"; "ray" with the ray extra)."""
+    if kind == "serial":
+        return SerialExecutor(env)
+    if kind == "ray":
+        try:
+            from lowband.engine.ray_executor import RayExecutor  # type: ignore[import-not-found]
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError(f"executor 'ray' is not available ({exc}); install it with pip install 'lowband[ray]'") from None
+        return RayExecutor(env, **options)
+    raise ValueError(f"unknown executor {kind!r}; available: serial, ray")

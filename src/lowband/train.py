@@ -1,0 +1,172 @@
+"""Shared local training and evaluation on in-memory tensors.
+
+Data lives in memory; a batch is an index slice of a seeded permutation (no DataLoader in
+the inner loop). Parameters travel as plain dicts (``state_dict`` layout, buffers
+included); one module per worker is loaded with each node's parameters in turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Params = dict[str, torch.Tensor]
+#: loss hook: (model, inputs, targets) -> scalar loss. Default: cross-entropy.
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def get_params(model: nn.Module) -> Params:
+    """Detached copies of the module's state (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_params(model: nn.Module, params: Params) -> nn.Module:
+    """Load ``params`` into ``model`` (strict) and return it."""
+    model.load_state_dict(params, strict=True)
+    return model
+
+
+def clone_params(params: Params) -> Params:
+    return {k: v.detach().clone() for k, v in params.items()}
+
+
+def is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point()
+
+
+def weighted_average(items: list[Params], weights: Optional[list[float]] = None) -> Params:
+    """Weighted average of parameter dicts (weights normalised). Integer buffers such as
+    BatchNorm's ``num_batches_tracked`` are not averaged: the maximum is kept."""
+    if not items:
+        raise ValueError("weighted_average: no parameter sets to average")
+    w = torch.tensor(weights if weights is not None else [1.0] * len(items), dtype=torch.float64)
+    if (w < 0).any() or float(w.sum()) <= 0:
+        raise ValueError("weighted_average: weights must be >= 0 with a positive sum")
+    w = (w / w.sum()).tolist()
+    out: Params = {}
+    for k, v0 in items[0].items():
+        if is_float(v0):
+            acc = torch.zeros_like(v0, dtype=torch.float32)
+            for wi, p in zip(w, items):
+                acc.add_(p[k].to(torch.float32), alpha=wi)
+            out[k] = acc.to(v0.dtype)
+        else:
+            out[k] = torch.stack([p[k] for p in items]).max(dim=0).values.clone()
+    return out
+
+
+def add_scaled(a: Params, b: Params, alpha: float = 1.0) -> Params:
+    """``a + alpha * b`` on floating tensors; other tensors are taken from ``a``."""
+    return {k: (v + alpha * b[k]) if is_float(v) else v.clone() for k, v in a.items()}
+
+
+def sub(a: Params, b: Params) -> Params:
+    """``a - b`` on floating tensors (non-float tensors are taken from ``a``)."""
+    return {k: (v - b[k]) if is_float(v) else v.clone() for k, v in a.items()}
+
+
+def flatten(params: Params, names: Optional[list[str]] = None) -> torch.Tensor:
+    """Concatenate the floating tensors (or ``names``) into one vector."""
+    keys = names if names is not None else [k for k, v in params.items() if is_float(v)]
+    return torch.cat([params[k].reshape(-1).to(torch.float32) for k in keys])
+
+
+def batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool = False) -> Iterator[torch.Tensor]:
+    """Index batches of a seeded permutation of ``range(n)``."""
+    perm = torch.randperm(n, generator=gen)
+    stop = n - (n % batch_size) if drop_last and n >= batch_size else n
+    for i in range(0, stop, batch_size):
+        yield perm[i : i + batch_size]
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+@dataclass
+class TrainStats:
+    loss: float
+    steps: int
+    samples: int
+
+
+def sgd_train(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    gen: torch.Generator,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    loss_fn: LossFn = cross_entropy,
+    grad_clip: Optional[float] = None,
+    max_steps: Optional[int] = None,
+    drop_last: bool = False,
+    skip_singleton_bn: bool = False,
+) -> tuple[Params, TrainStats]:
+    """Epochs of minibatch SGD from ``params`` on ``(x, y)``; returns new params and stats.
+
+    A fresh optimiser is created on every call (the NTK-DFL and PFLlib reference codes
+    reset momentum each round). ``skip_singleton_bn`` skips batches of one sample when the
+    model has BatchNorm (KTA's "BN-safe skip rule").
+    """
+    load_params(model, params)
+    model.train()
+    n = int(y.shape[0])
+    if n == 0 or epochs == 0:
+        return get_params(model), TrainStats(loss=float("nan"), steps=0, samples=0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0,
+                          weight_decay=weight_decay)
+    has_bn = skip_singleton_bn and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    total = torch.zeros((), dtype=torch.float64)
+    steps, seen = 0, 0
+    for _ in range(epochs):
+        for idx in batches(n, batch_size, gen, drop_last=drop_last):
+            if has_bn and idx.numel() <= 1:
+                continue
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, x[idx], y[idx])
+            loss.backward()
+            if grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            opt.step()
+            total += loss.detach().double() * idx.numel()
+            seen += idx.numel()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        if max_steps is not None and steps >= max_steps:
+            break
+    return get_params(model), TrainStats(loss=float(total) / max(seen, 1), steps=steps, samples=seen)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, params: Optional[Params], x: torch.Tensor, batch_size: int = 2000) -> torch.Tensor:
+    """Logits of the model (eval mode) on ``x``; ``params`` None uses what is loaded."""
+    if params is not None:
+        load_params(model, params)
+    model.eval()
+    outs = [model(x[i : i + batch_size]) for i in range(0, int(x.shape[0]), batch_size)]
+    return torch.cat(outs) if outs else torch.empty(0)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, params: Optional[Params], x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 2000) -> tuple[float, float, int]:
+    """(accuracy, mean cross-entropy, number of samples) of the model on ``(x, y)``."""
+    n = int(y.shape[0])
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    logits = predict_logits(model, params, x, batch_size)
+    loss = float(F.cross_entropy(logits, y, reduction="mean"))
+    acc = float((logits.argmax(1) == y).float().mean())
+    return acc, loss, n
