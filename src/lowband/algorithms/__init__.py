@@ -11,5 +11,6 @@ from lowband.algorithms.base import Algorithm, register
 from lowband.algorithms import local as _local  # noqa: F401,E402
 from lowband.algorithms import fedavg as _fedavg  # noqa: F401,E402
 from lowband.algorithms import decentralized as _decentralized  # noqa: F401,E402
+from lowband.algorithms import fedcspack as _fedcspack  # noqa: F401,E402
 
 __all__ = ["ALGORITHMS", "Algorithm", "register"]

@@ -8,6 +8,13 @@ can carry it and every byte it weighs can be counted.
 A :class:`DeclaredTensor` stands for a payload too large to build (NTK-DFL's full
 Jacobians): it travels as a name, dtype and shape only and is counted as *declared*
 bytes, apart from the encoded bytes, so nobody mistakes one for the other.
+
+``Message.stand_in`` holds the *equivalent inputs* of a declared payload: tensors that
+travel uncounted only because a declared tensor of at least their information content
+is counted in their place (NTK-DFL: the replying node's inputs ``X_j``, from which the
+receiver recomputes the declared Jacobian ``J(X_j; w)`` it asked for). The network
+refuses a message that has a stand-in but no declared entry, never encodes a stand-in
+into the wire bytes, and hands the receiver a clone of it.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ class Message:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, MetaValue] = field(default_factory=dict)
     declared: dict[str, DeclaredTensor] = field(default_factory=dict)
+    #: uncounted equivalent inputs of the declared tensors (see the module docstring);
+    #: allowed only next to at least one declared entry; never part of the wire bytes
+    stand_in: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def clone(self) -> "Message":
         """A deep copy: tensors cloned, dicts copied (declared tensors are immutable)."""
@@ -74,6 +84,7 @@ class Message:
             tensors={k: v.clone() for k, v in self.tensors.items()},
             meta=dict(self.meta),
             declared=dict(self.declared),
+            stand_in={k: v.clone() for k, v in self.stand_in.items()},
         )
 
     def raw_nbytes(self) -> int:

@@ -7,6 +7,10 @@
 the sender's objects. ``encode`` / ``deliver`` are the two halves, for a distributed
 backend where the bytes really travel between processes.
 
+A message may carry ``stand_in`` tensors (the equivalent inputs of a declared payload,
+see :mod:`lowband.comm.message`): they are not encoded, not counted, and reach the
+receiver as clones; a stand-in without a declared entry is refused with a ValueError.
+
 The codec's randomness is addressed (rule 4): the generator of a transfer is
 ``torch_gen(seed, "codec", round, src, dst_or_"bcast", kind)``, so results do not depend
 on the order in which messages are sent.
@@ -80,32 +84,51 @@ class Network:
         return torch_gen(self.seed, "codec", int(round), int(src),
                          dst if isinstance(dst, str) else int(dst), kind)
 
+    @staticmethod
+    def _check_stand_in(msg: Message) -> None:
+        if msg.stand_in and not msg.declared:
+            raise ValueError(f"message {msg.kind!r} carries stand_in {sorted(msg.stand_in)} but no declared "
+                             f"tensor: a stand-in may travel uncounted only in place of a counted declared payload")
+
+    @staticmethod
+    def _attach(got: Message, stand_in: dict[str, torch.Tensor] | None) -> Message:
+        if stand_in:
+            got.stand_in = {k: v.detach().clone() for k, v in stand_in.items()}
+        return got
+
     def encode(self, msg: Message, src: int, dst: int, *, round: int,
                direction: str | None = None) -> bytes:
-        """The bytes ``src`` puts on the link to ``dst`` (direction inferred when omitted)."""
+        """The bytes ``src`` puts on the link to ``dst`` (direction inferred when omitted).
+
+        ``msg.stand_in`` is not part of the bytes (pass it to :meth:`deliver`)."""
+        self._check_stand_in(msg)
         direction = direction or infer_direction(src, dst)
         codec = self.codec_for(msg.kind, direction)
         return encode_message(msg, codec, self._gen(round, src, dst, msg.kind))
 
     def deliver(self, data: bytes, src: int, dst: int, *, round: int,
-                direction: str | None = None, declared: int | None = None) -> Message:
+                direction: str | None = None, declared: int | None = None,
+                stand_in: dict[str, torch.Tensor] | None = None) -> Message:
         """Count ``data`` in the ledger and decode it for ``dst``.
 
         ``declared`` defaults to the declared bytes computed from the header (declared
-        shapes under the codec the header names).
+        shapes under the codec the header names). ``stand_in`` (uncounted) is attached
+        to the decoded message as clones; it needs a declared entry in ``data``.
         """
         direction = direction or infer_direction(src, dst)
         msg, codec = decode_with_codec(data)
+        if stand_in and not msg.declared:
+            raise ValueError(f"message {msg.kind!r}: stand_in given but the message declares no tensor")
         if declared is None:
             declared = declared_bytes(msg, codec)
         self.ledger.record(round, src, dst, direction, msg.kind, len(data), declared)
-        return msg
+        return self._attach(msg, stand_in)
 
     def send(self, msg: Message, src: int, dst: int, *, round: int,
              direction: str) -> Message:
         """Encode, count ``len(bytes)`` (+ declared), decode: what ``dst`` receives."""
         data = self.encode(msg, src, dst, round=round, direction=direction)
-        return self.deliver(data, src, dst, round=round, direction=direction)
+        return self.deliver(data, src, dst, round=round, direction=direction, stand_in=msg.stand_in)
 
     def broadcast(self, msg: Message, src: int, dsts: list[int], *, round: int,
                   direction: str) -> dict[int, Message]:
@@ -115,6 +138,7 @@ class Network:
             return {}
         if len(set(dsts)) != len(dsts):
             raise ValueError(f"broadcast: duplicate receivers in {dsts}")
+        self._check_stand_in(msg)
         codec = self.codec_for(msg.kind, direction)
         data = encode_message(msg, codec, self._gen(round, src, "bcast", msg.kind))
         got, codec = decode_with_codec(data)
@@ -123,4 +147,6 @@ class Network:
         out = {dsts[0]: got}
         for d in dsts[1:]:
             out[d] = got.clone()
+        for m in out.values():
+            self._attach(m, msg.stand_in)
         return out

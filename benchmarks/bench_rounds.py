@@ -1,0 +1,555 @@
+#!/usr/bin/env python
+"""How far is one round from the FLOP floor?  (DESIGN.md, "Speed habits": know the floor.)
+
+For each workload (a baseline config from ``experiments/baselines``) this script
+
+1. measures this machine's fp32 matmul rate once, for a large square matmul (the
+   optimistic rate) and, per workload, for the FLOP-carrying ops that one training step
+   really runs (the linear/conv forward and backward ops, recorded from one step with a
+   dispatch mode and replayed in a tight loop at their real shapes: the honest rate for
+   batch-25 / batch-32 shapes);
+2. counts the FLOPs one round needs: ``torch.utils.flop_counter.FlopCounterMode`` on one
+   forward+backward of a real batch, per sample, times the samples the round's
+   participants train on (epochs x n_train each), cross-checked against an analytic
+   count (Linear/Conv2d hooks) and against one node's whole local training run under
+   the counter;
+3. times round 1 through the real engine (``lowband.engine.simulator.Simulation`` built
+   from the config with ``rounds=1``, a temporary ``out_dir``, ``eval.at_round0=false``,
+   no checkpoint), ``--repeats`` times, reading ``round_s`` (training + messaging) and
+   ``eval_s`` from ``timing.jsonl``; ``Network.send`` / ``Network.broadcast`` are wrapped
+   to time the encode / count / decode work on their own;
+4. times a bare PyTorch training step (forward, backward, SGD step on one batch, no
+   engine) and a vectorised probe (``torch.func.vmap`` over the stacked parameters of all
+   the round's nodes) to show where the time goes and what would close the gap;
+5. prints the tables (and writes them as JSON with ``--json``).
+
+Usage (from the repository root)::
+
+    LOWBAND_DATA=/path/to/data python benchmarks/bench_rounds.py [--quick] [--repeats N]
+        [--threads T] [--workloads fedavg,dfedavg] [--json out.json] [--no-probe]
+
+``--quick`` shrinks the workloads (fewer clients, fewer epochs, a 512^3 matmul) so the
+whole script runs in well under a minute; it is a smoke test, not a measurement.
+Timings are only meaningful on an otherwise idle machine: the script prints the load
+average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "fedavg": {
+        "label": "FedAvg  cnn_fmnist  100 cl, 10/round, B32, E5",
+        "quick_label": "FedAvg  cnn_fmnist  100 cl, 2/round, B32, E1 (quick)",
+        "config": "experiments/baselines/fedavg_fmnist_dir03.toml",
+        "quick": ["topology.count=2", "algorithm.local_epochs=1"],
+    },
+    "dfedavg": {
+        "label": "DFedAvg mlp 784-100-10  300 nodes, 5-reg, B25, E20",
+        "quick_label": "DFedAvg mlp  30 nodes, 5-reg, B25, E2 (quick)",
+        "config": "experiments/baselines/dfedavg_fmnist_ntkfl_a01.toml",
+        "quick": ["data.num_clients=30", "algorithm.local_epochs=2"],
+    },
+}
+
+
+# ------------------------------------------------------------------------------------------
+# machine
+# ------------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def loadavg() -> Optional[tuple[float, float, float]]:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
+    except OSError:
+        return None
+
+
+def _time_loop(fn: Callable[[], Any], budget_s: float, min_reps: int = 3) -> tuple[float, float, int]:
+    """(best, median) seconds per call of ``fn`` over about ``budget_s`` seconds."""
+    fn()  # warm-up (allocations, oneDNN primitive creation)
+    times: list[float] = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < min_reps or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 100_000:
+            break
+    return min(times), statistics.median(times), len(times)
+
+
+def big_matmul_rate(n: int, budget_s: float) -> dict[str, float]:
+    """fp32 GFLOP/s of an n x n x n matmul (best and median of repeated calls)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    best, med, reps = _time_loop(lambda: torch.mm(a, b, out=c), budget_s)
+    flops = 2.0 * n**3
+    return {"n": n, "gflops_best": flops / best / 1e9, "gflops_median": flops / med / 1e9, "reps": reps}
+
+
+# ------------------------------------------------------------------------------------------
+# FLOPs: counter, analytic cross-check, and the ops of one step replayed at their shapes
+# ------------------------------------------------------------------------------------------
+def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """FLOPs FlopCounterMode sees in one forward + backward of ``(x, y)`` (train mode)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as fc:
+        F.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return int(fc.get_total_flops())
+
+
+def analytic_flops(model: nn.Module, x: torch.Tensor) -> int:
+    """Independent count: 2*MACs of every Linear/Conv2d forward (hooks read the shapes);
+    backward = weight gradient (same as forward) + input gradient (same as forward, except
+    for the first layer, whose input needs no gradient): total = 3*fwd - fwd(first)."""
+    fwd: list[int] = []
+
+    def hook(mod: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        if isinstance(mod, nn.Linear):
+            fwd.append(2 * out.numel() * mod.in_features)
+        elif isinstance(mod, nn.Conv2d):
+            kh, kw = mod.kernel_size
+            fwd.append(2 * out.numel() * (mod.in_channels // mod.groups) * kh * kw)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return 3 * sum(fwd) - (fwd[0] if fwd else 0)
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records (op, cloned args) of every op FlopCounterMode knows how to count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func._overloadpacket in flop_registry:
+            keep = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            self.ops.append((func, tree_map(keep, args), tree_map(keep, kwargs)))
+        return out
+
+
+def _describe(func: Any, args: tuple[Any, ...]) -> str:
+    shapes = ["x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor) and a.dim() > 1]
+    return f"{func._overloadpacket.__name__}({', '.join(shapes)})"
+
+
+def small_shape_rate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_s: float) -> dict[str, Any]:
+    """Record the FLOP-carrying ops of one forward+backward step and time each in a tight
+    loop at its real shape. Rate = step FLOPs / sum of the ops' times (no Python, no
+    autograd bookkeeping, no elementwise ops: the floor for these shapes)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    rec = _OpRecorder()
+    with rec:
+        F.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    per_op = max(budget_s / max(len(rec.ops), 1), 0.02)
+    rows, tot_flops, tot_s = [], 0, 0.0
+    with torch.no_grad():
+        for func, args, kwargs in rec.ops:
+            with FlopCounterMode(display=False) as fc:
+                func(*args, **kwargs)
+            flops = int(fc.get_total_flops())
+            # per-call minimum: on a loaded machine a 2-thread parallel region can wait a whole
+            # scheduler slice, so averages over blocks of calls are meaningless
+            best, _, _ = _time_loop(lambda: func(*args, **kwargs), per_op, min_reps=20)
+            rows.append({"op": _describe(func, args), "flops": flops, "us": best * 1e6,
+                         "gflops": flops / best / 1e9})
+            tot_flops += flops
+            tot_s += best
+    return {"ops": rows, "step_flops": tot_flops, "step_s": tot_s, "gflops": tot_flops / tot_s / 1e9}
+
+
+def bare_step_time(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float,
+                   budget_s: float) -> tuple[float, float]:
+    """(best, median) seconds per plain PyTorch SGD step (zero_grad, forward, loss, backward,
+    step) on one batch: what ``sgd_train``'s inner loop costs without the engine around it."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    best, med, _ = _time_loop(step, budget_s, min_reps=20)
+    return best, med
+
+
+def vmap_step_time(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: float,
+                   budget_s: float) -> tuple[float, float, Optional[str]]:
+    """Seconds per *vectorised* SGD step of ``xs.shape[0]`` nodes at once: the nodes'
+    parameters stacked, ``vmap(grad(loss))`` over them, one fused update. A probe of what
+    batching many nodes' local training would buy, not an engine implementation.
+    Returns (best, median, error note or None)."""
+    from torch.func import functional_call, grad, vmap
+
+    model.train()
+    n = xs.shape[0]
+    params = {k: v.detach().unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in model.named_parameters()}
+    buffers = {k: v for k, v in model.named_buffers()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
+
+    g = vmap(grad(loss), randomness="different")
+
+    def step() -> None:
+        gs = g(params, xs, ys)
+        torch._foreach_add_(list(params.values()), list(gs.values()), alpha=-lr)
+
+    try:
+        best, med, _ = _time_loop(step, budget_s)
+    except Exception as exc:  # pragma: no cover - depends on torch's vmap coverage
+        return float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"
+    return best, med, None
+
+
+# ------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------
+class _Stopwatch:
+    """Wraps ``obj.name`` (an instance attribute) and sums its wall and process-CPU time."""
+
+    def __init__(self, obj: Any, *names: str) -> None:
+        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.calls = 0
+        for name in names:
+            setattr(obj, name, self._wrap(getattr(obj, name)))
+
+    def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.cpu_seconds += time.process_time() - c0
+                self.calls += 1
+
+        return timed
+
+
+@dataclass
+class Result:
+    name: str
+    label: str
+    threads: int
+    model: str
+    model_params: int
+    nodes_trained: int
+    batch_size: int
+    local_epochs: int
+    steps: int
+    samples: int
+    flops_per_sample: float
+    flops_check_analytic_per_sample: float
+    flops_check_one_node: dict[str, Any]
+    round_flops: float
+    eval_flops: float
+    small_shape: dict[str, Any]
+    bare_step_s: float
+    bare_step_best_s: float
+    vmap_step_s: float
+    vmap_step_best_s: float
+    vmap_note: Optional[str]
+    max_node_steps: int
+    train_s: list[float] = field(default_factory=list)
+    comm_s: list[float] = field(default_factory=list)
+    comm_calls: int = 0
+    bytes_round: int = 0
+    eval_s: list[float] = field(default_factory=list)
+    train_cpu_s: list[float] = field(default_factory=list)
+    eval_cpu_s: list[float] = field(default_factory=list)
+    setup_s: list[float] = field(default_factory=list)
+
+
+def _overrides(base: list[str], out_dir: str, threads: int) -> list[str]:
+    return [*base, "rounds=1", f"out_dir={out_dir}", "eval.at_round0=false", "checkpoint_every=0",
+            f"threads={threads}"]
+
+
+def bench_workload(key: str, *, quick: bool, repeats: int, threads: int, probe: bool,
+                   budget: float, log: Callable[[str], None]) -> Result:
+    from lowband.config import load_experiment
+    from lowband.engine.simulator import Simulation, make_federation, model_options
+    from lowband.models import build_model, count_params
+    from lowband.train import sgd_train
+
+    wl = WORKLOADS[key]
+    base = list(wl["quick"]) if quick else []
+    cfg = ROOT / wl["config"]
+    res: Optional[Result] = None
+    with tempfile.TemporaryDirectory(prefix=f"bench_{key}_") as tmp:
+        exp0 = load_experiment(cfg, _overrides(base, str(Path(tmp) / "probe"), threads))
+        t0 = time.perf_counter()
+        fed = make_federation(exp0)
+        log(f"[{key}] federation built in {time.perf_counter() - t0:.1f}s: {fed!r}")
+
+        for rep in range(repeats):
+            exp = load_experiment(cfg, _overrides(base, str(Path(tmp) / f"rep{rep}"), threads))
+            t0 = time.perf_counter()
+            sim = Simulation(exp, federation=fed)
+            setup = time.perf_counter() - t0
+            comm = _Stopwatch(sim.network, "send", "broadcast")
+            steps_sw = _Stopwatch(sim.executor, "run_step")
+            eval_sw = _Stopwatch(sim, "_evaluate")
+            sim.run()
+            timing = [json.loads(line) for line in (Path(exp.run_dir()) / "timing.jsonl").read_text().splitlines()]
+            rnd = [t for t in timing if t["round"] == 1][0]
+            if res is None:
+                res = _static_analysis(key, wl, quick, sim, fed, exp, threads, probe, budget, log,
+                                       build_model, count_params, model_options, sgd_train)
+                res.comm_calls = comm.calls
+                res.bytes_round = int(sim.byte_record(1)["bytes/total"])
+            res.train_s.append(float(rnd["round_s"]))
+            res.eval_s.append(float(rnd["eval_s"]))
+            res.comm_s.append(comm.seconds)
+            res.setup_s.append(setup)
+            res.train_cpu_s.append(steps_sw.cpu_seconds + comm.cpu_seconds)
+            res.eval_cpu_s.append(eval_sw.cpu_seconds)
+            log(f"[{key}] repeat {rep + 1}/{repeats}: train+comm {rnd['round_s']:.2f}s "
+                f"(cpu {res.train_cpu_s[-1]:.2f}s; comm {comm.seconds:.3f}s, {comm.calls} calls)  "
+                f"eval {rnd['eval_s']:.2f}s (cpu {eval_sw.cpu_seconds:.2f}s)  setup {setup:.2f}s")
+            last_sim = sim
+
+        # evaluation FLOPs: one more evaluation of the last run's state, under the counter
+        plan = last_sim.topology.plan(0)
+        with FlopCounterMode(display=False) as fc:
+            last_sim.evaluator(1, plan)
+        assert res is not None
+        res.eval_flops = float(fc.get_total_flops())
+    assert res is not None
+    return res
+
+
+def _static_analysis(key, wl, quick, sim, fed, exp, threads, probe, budget, log,
+                     build_model, count_params, model_options, sgd_train) -> Result:
+    """FLOP counts, small-shape rate, bare step and vmap probe for one workload."""
+    hp = sim.alg.hp
+    bs, epochs, lr = int(hp.batch_size), int(hp.local_epochs), float(hp.lr)
+    plan = sim.topology.plan(0)  # round 1's plan (topology rounds are 0-based)
+    nodes = [n for n in plan.participants if n >= 0]
+    n_train = {n: int(fed.nodes[n].n_train) for n in nodes}
+    steps = sum(epochs * math.ceil(n_train[n] / bs) for n in nodes)
+    samples = sum(epochs * n_train[n] for n in nodes)
+
+    opts = model_options(exp, fed)
+
+    def fresh() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model(exp.model.name, num_classes=fed.num_classes, input_shape=tuple(fed.input_shape), **opts)
+
+    model = fresh()
+    donor = max(nodes, key=lambda n: n_train[n])
+    x, y = fed.nodes[donor].train_x[:bs], fed.nodes[donor].train_y[:bs]
+    b = int(y.shape[0])
+    per_sample = step_flops(model, x, y) / b
+    analytic = analytic_flops(model, x) / b
+
+    # one node's whole local training under the counter vs the prediction
+    nd = fed.nodes[donor]
+    g = torch.Generator().manual_seed(0)
+    with FlopCounterMode(display=False) as fc:
+        sgd_train(fresh(), {k: v.detach().clone() for k, v in fresh().state_dict().items()}, nd.train_x,
+                  nd.train_y, epochs=epochs, batch_size=bs, lr=lr, gen=g)
+    one_node = {"node": donor, "n_train": n_train[donor], "counted": int(fc.get_total_flops()),
+                "predicted": int(round(per_sample * epochs * n_train[donor]))}
+
+    log(f"[{key}] FLOPs/sample fwd+bwd: counter {per_sample:,.0f}, analytic {analytic:,.0f}; one node "
+        f"({n_train[donor]} samples x {epochs} ep): counted {one_node['counted']:.4g} vs predicted "
+        f"{one_node['predicted']:.4g}")
+
+    small = small_shape_rate(fresh(), x, y, budget)
+    bare_best, bare = bare_step_time(fresh(), x, y, lr, budget)
+    vbest, vstep, vnote = float("nan"), float("nan"), None
+    if probe:
+        xs = torch.stack([fed.nodes[n].train_x[:bs] for n in nodes if n_train[n] >= bs])
+        ys = torch.stack([fed.nodes[n].train_y[:bs] for n in nodes if n_train[n] >= bs])
+        log(f"[{key}] vmap probe over {xs.shape[0]} nodes, batch {bs}")
+        vbest, vstep, vnote = vmap_step_time(fresh(), xs, ys, lr, budget)
+        if vnote is None:  # scale to all nodes (only matters if some node had < bs samples)
+            vbest, vstep = vbest * len(nodes) / xs.shape[0], vstep * len(nodes) / xs.shape[0]
+        else:
+            log(f"[{key}] vmap probe failed: {vnote}")
+    return Result(
+        name=key, label=wl["quick_label"] if quick else wl["label"], threads=torch.get_num_threads(),
+        model=exp.model.name, model_params=count_params(model), nodes_trained=len(nodes), batch_size=bs,
+        local_epochs=epochs, steps=steps, samples=samples, flops_per_sample=per_sample,
+        flops_check_analytic_per_sample=analytic, flops_check_one_node=one_node,
+        round_flops=per_sample * samples, eval_flops=float("nan"), small_shape=small, bare_step_s=bare,
+        bare_step_best_s=bare_best, vmap_step_s=vstep, vmap_step_best_s=vbest, vmap_note=vnote,
+        max_node_steps=max(epochs * math.ceil(n_train[n] / bs) for n in nodes),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------
+def _fmt_flops(f: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(f) >= scale:
+            return f"{f / scale:.3g} {unit}"
+    return f"{f:.3g} FLOP"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(results: list[Result], big: dict[str, float], meta: dict[str, Any]) -> str:
+    """The three tables and the per-workload details, as Markdown-ish text."""
+    rate_big = big["gflops_best"] * 1e9
+    out = [f"big matmul {big['n']}^3 fp32: best {big['gflops_best']:.1f} GFLOP/s, median "
+           f"{big['gflops_median']:.1f} GFLOP/s ({meta['threads']} threads)"]
+    for r in results:
+        out.append(f"small-shape rate, {r.name} (FLOP ops of one B={r.batch_size} fwd+bwd, replayed, "
+                   f"best per call): {r.small_shape['gflops']:.1f} GFLOP/s")
+    out.append("")
+    rows = []
+    for r in results:
+        tr, cm, ev = _med(r.train_s), _med(r.comm_s), _med(r.eval_s)
+        fb = r.round_flops / rate_big
+        fs = r.round_flops / (r.small_shape["gflops"] * 1e9)
+        rows.append([r.label, _fmt_flops(r.round_flops), f"{fb:.2f}", f"{fs:.2f}",
+                     f"{r.bare_step_s * r.steps:.2f}", f"{tr:.2f}", f"{_med(r.train_cpu_s):.2f}",
+                     f"{cm:.3f}", f"{ev:.2f}", f"{tr / fb:.0f}x", f"{tr / fs:.1f}x"])
+    out.append(_table(["workload", "FLOPs/round (train)", "floor s @big matmul", "floor s @small shapes",
+                       "bare PyTorch loop s", "measured train s", "train CPU s", "send/bcast s",
+                       "eval s", "measured / floor@big", "measured / floor@small"], rows))
+    out.append("")
+    rows = []
+    for r in results:
+        tr, cm = _med(r.train_s), _med(r.comm_s)
+        ok = not math.isnan(r.vmap_step_s)
+        per_node = r.vmap_step_s / max(r.nodes_trained, 1)
+        rows.append([r.name, f"{r.steps}", f"{r.small_shape['step_s'] * 1e6:.0f}",
+                     f"{r.bare_step_best_s * 1e6:.0f} / {r.bare_step_s * 1e6:.0f}",
+                     f"{(tr - cm) / r.steps * 1e6:.0f}",
+                     f"{r.nodes_trained} x {r.max_node_steps}",
+                     f"{r.vmap_step_s * 1e3:.1f} ({per_node * 1e6:.0f} per node)" if ok else "n/a",
+                     f"{r.vmap_step_s * r.max_node_steps:.2f}" if ok else (r.vmap_note or "n/a")])
+    out.append(_table(["workload", "SGD steps/round", "op floor us/step", "bare PyTorch us/step (best / median)",
+                       "engine us/step ((train - comm) / steps)", "nodes x max steps",
+                       "vmap ms/step, all nodes", "vmap round s (est.)"], rows))
+    out.append("")
+    rows = []
+    for r in results:
+        ev = _med(r.eval_s)
+        ef = r.eval_flops / rate_big
+        rows.append([r.name, _fmt_flops(r.eval_flops), f"{ef:.2f}", f"{ev:.2f}", f"{_med(r.eval_cpu_s):.2f}",
+                     f"{ev / ef:.1f}x" if ef > 0 else "n/a", f"{r.comm_calls}", f"{r.bytes_round / 1e6:.1f} MB",
+                     f"{_med(r.comm_s) / max(_med(r.train_s), 1e-9) * 100:.1f}%"])
+    out.append(_table(["workload", "eval FLOPs", "eval floor s @big", "eval s", "eval CPU s", "eval / floor",
+                       "send/bcast calls", "bytes/round", "send/bcast share of train"], rows))
+    out.append("")
+    for r in results:
+        c = r.flops_check_one_node
+        out.append(f"{r.name}: {r.model} ({r.model_params:,} params), {r.nodes_trained} nodes train, "
+                   f"{r.samples:,} sample-passes; FLOPs/sample fwd+bwd {r.flops_per_sample:,.0f} "
+                   f"(analytic {r.flops_check_analytic_per_sample:,.0f}); one node's local training counted "
+                   f"{c['counted']:,} vs predicted {c['predicted']:,}")
+        out.append(f"  repeats: train {['%.2f' % t for t in r.train_s]}  send/bcast {['%.3f' % t for t in r.comm_s]}"
+                   f"  eval {['%.2f' % t for t in r.eval_s]}")
+        out.append("  FLOP ops of one step (best us, GFLOP/s): " + "; ".join(
+            f"{o['op']} {o['us']:.0f}us {o['gflops']:.1f}" for o in r.small_shape["ops"]))
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test, < 1 minute)")
+    ap.add_argument("--repeats", type=int, default=3, help="engine rounds per workload (median reported)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--workloads", default="fedavg,dfedavg", help=f"comma list of {', '.join(WORKLOADS)}")
+    ap.add_argument("--matmul-n", type=int, default=None, help="size of the big square matmul (default 2048; 512 quick)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the vmap probe")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.threads < 1:
+        ap.error("--repeats and --threads must be >= 1")
+    keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
+    bad = [k for k in keys if k not in WORKLOADS]
+    if bad:
+        ap.error(f"unknown workload(s) {bad}; available: {', '.join(WORKLOADS)}")
+
+    torch.set_num_threads(args.threads)
+    budget = 0.3 if args.quick else 2.0
+    n = args.matmul_n or (512 if args.quick else 2048)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    load0 = loadavg()
+    meta = {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "quick": args.quick,
+            "repeats": args.repeats, "loadavg_start": load0}
+    print(f"machine: {meta['cpu']}, {meta['logical_cpus']} logical CPUs; torch {meta['torch']}, "
+          f"python {meta['python']}; torch threads = {meta['threads']}")
+    print(f"load average at start (1/5/15 min): {load0}")
+    t_start = time.perf_counter()
+    big = big_matmul_rate(n, budget)
+    log(f"big matmul {n}^3: {big['gflops_best']:.1f} GFLOP/s best")
+    results = [bench_workload(k, quick=args.quick, repeats=args.repeats, threads=args.threads,
+                              probe=not args.no_probe, budget=budget, log=log) for k in keys]
+    meta["loadavg_end"] = loadavg()
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    print(report(results, big, meta))
+    print(f"\nload average at end: {meta['loadavg_end']}; benchmark wall time {meta['wall_s']} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "big_matmul": big,
+                                               "results": [asdict(r) for r in results]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
