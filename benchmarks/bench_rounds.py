@@ -18,9 +18,12 @@ For each workload (a baseline config from ``experiments/baselines``) this script
    no checkpoint), ``--repeats`` times, reading ``round_s`` (training + messaging) and
    ``eval_s`` from ``timing.jsonl``; ``Network.send`` / ``Network.broadcast`` are wrapped
    to time the encode / count / decode work on their own;
+   Process CPU time is recorded next to wall time: with ``--threads 1`` it is robust to
+   other processes on the machine;
 4. times a bare PyTorch training step (forward, backward, SGD step on one batch, no
-   engine) and a vectorised probe (``torch.func.vmap`` over the stacked parameters of all
-   the round's nodes) to show where the time goes and what would close the gap;
+   engine), profiles it, times ``sgd_train`` on one node, and runs a vectorised probe
+   (``torch.func.vmap`` over the stacked parameters of groups of 8, 32 and all the round's
+   nodes) to show where the time goes and what would close the gap;
 5. prints the tables (and writes them as JSON with ``--json``).
 
 Usage (from the repository root)::
@@ -63,13 +66,14 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "label": "FedAvg  cnn_fmnist  100 cl, 10/round, B32, E5",
         "quick_label": "FedAvg  cnn_fmnist  100 cl, 2/round, B32, E1 (quick)",
         "config": "experiments/baselines/fedavg_fmnist_dir03.toml",
-        "quick": ["topology.count=2", "algorithm.local_epochs=1"],
+        "quick": ["topology.count=2", "algorithm.local_epochs=1", 'eval.protocols=["global"]',
+                  "eval.main=global/acc"],
     },
     "dfedavg": {
         "label": "DFedAvg mlp 784-100-10  300 nodes, 5-reg, B25, E20",
         "quick_label": "DFedAvg mlp  30 nodes, 5-reg, B25, E2 (quick)",
         "config": "experiments/baselines/dfedavg_fmnist_ntkfl_a01.toml",
-        "quick": ["data.num_clients=30", "algorithm.local_epochs=2"],
+        "quick": ["data.num_clients=30", "algorithm.local_epochs=2", 'eval.protocols=["consensus"]'],
     },
 }
 
@@ -109,12 +113,26 @@ def _time_loop(fn: Callable[[], Any], budget_s: float, min_reps: int = 3) -> tup
 
 
 def big_matmul_rate(n: int, budget_s: float) -> dict[str, float]:
-    """fp32 GFLOP/s of an n x n x n matmul (best and median of repeated calls)."""
+    """fp32 GFLOP/s of an n x n x n matmul: best and median wall time of repeated calls, and
+    from process CPU time (CPU seconds / threads). On a loaded machine a 0.1-1 s call is
+    rarely left alone, so the wall rate under-reads; the CPU-time rate does not (it can
+    only under-read, when idle threads spin). The floor uses the larger of the two."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     c = torch.empty(n, n)
-    best, med, reps = _time_loop(lambda: torch.mm(a, b, out=c), budget_s)
+    cpu: list[float] = []
+
+    def call() -> None:
+        c0 = time.process_time()
+        torch.mm(a, b, out=c)
+        cpu.append(time.process_time() - c0)
+
+    best, med, reps = _time_loop(call, budget_s)
     flops = 2.0 * n**3
-    return {"n": n, "gflops_best": flops / best / 1e9, "gflops_median": flops / med / 1e9, "reps": reps}
+    threads = torch.get_num_threads()
+    out = {"n": n, "threads": threads, "gflops_best": flops / best / 1e9, "gflops_median": flops / med / 1e9,
+           "gflops_cpu": flops / (min(cpu) / threads) / 1e9, "reps": reps}
+    out["gflops_floor"] = max(out["gflops_best"], out["gflops_cpu"])
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -217,6 +235,29 @@ def bare_step_time(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float
     return best, med
 
 
+def profile_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int,
+                 top: int = 8) -> list[dict[str, Any]]:
+    """The ops a plain SGD step spends its time in (torch.profiler, self CPU time per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1.0
+    return [{"op": e.key, "us_per_step": e.self_cpu_time_total / steps, "share": e.self_cpu_time_total / total,
+             "calls_per_step": e.count / steps} for e in rows[:top]]
+
+
 def vmap_step_time(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: float,
                    budget_s: float) -> tuple[float, float, Optional[str]]:
     """Seconds per *vectorised* SGD step of ``xs.shape[0]`` nodes at once: the nodes'
@@ -244,6 +285,31 @@ def vmap_step_time(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: flo
     except Exception as exc:  # pragma: no cover - depends on torch's vmap coverage
         return float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"
     return best, med, None
+
+
+def vmap_groups(model_fn: Callable[[], nn.Module], xs: torch.Tensor, ys: torch.Tensor, lr: float,
+                budget_s: float, sizes: tuple[int, ...] = (8, 32)) -> list[dict[str, Any]]:
+    """:func:`vmap_step_time` for groups of several sizes (up to all ``xs.shape[0]`` nodes):
+    on a CPU, stacking every node's weights can fall out of cache, so smaller groups may win."""
+    n = int(xs.shape[0])
+    out = []
+    for g in sorted({min(s, n) for s in sizes} | {n}):
+        best, med, note = vmap_step_time(model_fn(), xs[:g], ys[:g], lr, budget_s)
+        out.append({"group": g, "best_s": best, "median_s": med, "note": note,
+                    "us_per_node_step": best / g * 1e6 if note is None else float("nan")})
+    return out
+
+
+def forward_pass_time(model: nn.Module, x: torch.Tensor, batch_size: int, reps: int = 2) -> float:
+    """Best wall seconds for one eval-mode forward pass over ``x`` in batches of ``batch_size``."""
+    from lowband.train import predict_logits
+
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        predict_logits(model, None, x, batch_size)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 # ------------------------------------------------------------------------------------------
@@ -283,25 +349,27 @@ class Result:
     batch_size: int
     local_epochs: int
     steps: int
+    max_node_steps: int
     samples: int
     flops_per_sample: float
     flops_check_analytic_per_sample: float
     flops_check_one_node: dict[str, Any]
     round_flops: float
-    eval_flops: float
     small_shape: dict[str, Any]
     bare_step_s: float
     bare_step_best_s: float
-    vmap_step_s: float
-    vmap_step_best_s: float
-    vmap_note: Optional[str]
-    max_node_steps: int
+    step_profile: list[dict[str, Any]]
+    sgd_train_step_s: float
+    sgd_train_step_cpu_s: float
+    vmap: list[dict[str, Any]]
+    eval_fwd_10k_s: dict[str, float]
+    eval_flops: float = float("nan")
     train_s: list[float] = field(default_factory=list)
+    train_cpu_s: list[float] = field(default_factory=list)
     comm_s: list[float] = field(default_factory=list)
     comm_calls: int = 0
     bytes_round: int = 0
     eval_s: list[float] = field(default_factory=list)
-    train_cpu_s: list[float] = field(default_factory=list)
     eval_cpu_s: list[float] = field(default_factory=list)
     setup_s: list[float] = field(default_factory=list)
 
@@ -313,10 +381,9 @@ def _overrides(base: list[str], out_dir: str, threads: int) -> list[str]:
 
 def bench_workload(key: str, *, quick: bool, repeats: int, threads: int, probe: bool,
                    budget: float, log: Callable[[str], None]) -> Result:
+    """Static analysis (FLOPs, rates, probes), then ``repeats`` timed engine rounds."""
     from lowband.config import load_experiment
-    from lowband.engine.simulator import Simulation, make_federation, model_options
-    from lowband.models import build_model, count_params
-    from lowband.train import sgd_train
+    from lowband.engine.simulator import Simulation, make_federation
 
     wl = WORKLOADS[key]
     base = list(wl["quick"]) if quick else []
@@ -333,15 +400,15 @@ def bench_workload(key: str, *, quick: bool, repeats: int, threads: int, probe: 
             t0 = time.perf_counter()
             sim = Simulation(exp, federation=fed)
             setup = time.perf_counter() - t0
+            if res is None:  # before the first timed round, so it also warms the kernels up
+                res = static_analysis(key, quick, sim, probe, budget, log)
             comm = _Stopwatch(sim.network, "send", "broadcast")
             steps_sw = _Stopwatch(sim.executor, "run_step")
             eval_sw = _Stopwatch(sim, "_evaluate")
             sim.run()
             timing = [json.loads(line) for line in (Path(exp.run_dir()) / "timing.jsonl").read_text().splitlines()]
             rnd = [t for t in timing if t["round"] == 1][0]
-            if res is None:
-                res = _static_analysis(key, wl, quick, sim, fed, exp, threads, probe, budget, log,
-                                       build_model, count_params, model_options, sgd_train)
+            if rep == 0:
                 res.comm_calls = comm.calls
                 res.bytes_round = int(sim.byte_record(1)["bytes/total"])
             res.train_s.append(float(rnd["round_s"]))
@@ -351,31 +418,34 @@ def bench_workload(key: str, *, quick: bool, repeats: int, threads: int, probe: 
             res.train_cpu_s.append(steps_sw.cpu_seconds + comm.cpu_seconds)
             res.eval_cpu_s.append(eval_sw.cpu_seconds)
             log(f"[{key}] repeat {rep + 1}/{repeats}: train+comm {rnd['round_s']:.2f}s "
-                f"(cpu {res.train_cpu_s[-1]:.2f}s; comm {comm.seconds:.3f}s, {comm.calls} calls)  "
-                f"eval {rnd['eval_s']:.2f}s (cpu {eval_sw.cpu_seconds:.2f}s)  setup {setup:.2f}s")
-            last_sim = sim
+                f"(cpu {res.train_cpu_s[-1]:.2f}s; send/bcast {comm.seconds:.3f}s, {comm.calls} calls)  "
+                f"eval {rnd['eval_s']:.2f}s (cpu {eval_sw.cpu_seconds:.2f}s)  setup {setup:.2f}s  "
+                f"load {loadavg()}")
 
         # evaluation FLOPs: one more evaluation of the last run's state, under the counter
-        plan = last_sim.topology.plan(0)
         with FlopCounterMode(display=False) as fc:
-            last_sim.evaluator(1, plan)
+            sim.evaluator(1, sim.topology.plan(0))
         assert res is not None
         res.eval_flops = float(fc.get_total_flops())
     assert res is not None
     return res
 
 
-def _static_analysis(key, wl, quick, sim, fed, exp, threads, probe, budget, log,
-                     build_model, count_params, model_options, sgd_train) -> Result:
-    """FLOP counts, small-shape rate, bare step and vmap probe for one workload."""
+def static_analysis(key: str, quick: bool, sim: Any, probe: bool, budget: float,
+                    log: Callable[[str], None]) -> Result:
+    """FLOP counts, small-shape rate, bare step, profile, sgd_train, vmap and eval probes."""
+    from lowband.engine.simulator import model_options
+    from lowband.models import build_model, count_params
+    from lowband.train import sgd_train
+
+    wl, fed, exp = WORKLOADS[key], sim.fed, sim.exp
     hp = sim.alg.hp
     bs, epochs, lr = int(hp.batch_size), int(hp.local_epochs), float(hp.lr)
     plan = sim.topology.plan(0)  # round 1's plan (topology rounds are 0-based)
     nodes = [n for n in plan.participants if n >= 0]
     n_train = {n: int(fed.nodes[n].n_train) for n in nodes}
-    steps = sum(epochs * math.ceil(n_train[n] / bs) for n in nodes)
+    node_steps = {n: epochs * math.ceil(n_train[n] / bs) for n in nodes}
     samples = sum(epochs * n_train[n] for n in nodes)
-
     opts = model_options(exp, fed)
 
     def fresh() -> nn.Module:
@@ -384,44 +454,58 @@ def _static_analysis(key, wl, quick, sim, fed, exp, threads, probe, budget, log,
 
     model = fresh()
     donor = max(nodes, key=lambda n: n_train[n])
-    x, y = fed.nodes[donor].train_x[:bs], fed.nodes[donor].train_y[:bs]
+    nd = fed.nodes[donor]
+    x, y = nd.train_x[:bs], nd.train_y[:bs]
     b = int(y.shape[0])
     per_sample = step_flops(model, x, y) / b
     analytic = analytic_flops(model, x) / b
 
-    # one node's whole local training under the counter vs the prediction
-    nd = fed.nodes[donor]
-    g = torch.Generator().manual_seed(0)
-    with FlopCounterMode(display=False) as fc:
-        sgd_train(fresh(), {k: v.detach().clone() for k, v in fresh().state_dict().items()}, nd.train_x,
-                  nd.train_y, epochs=epochs, batch_size=bs, lr=lr, gen=g)
-    one_node = {"node": donor, "n_train": n_train[donor], "counted": int(fc.get_total_flops()),
-                "predicted": int(round(per_sample * epochs * n_train[donor]))}
+    # one node's whole local training: under the counter (vs the prediction), then timed
+    m1 = fresh()
+    p1 = {k: v.detach().clone() for k, v in m1.state_dict().items()}
 
+    def one_node() -> None:
+        sgd_train(m1, p1, nd.train_x, nd.train_y, epochs=epochs, batch_size=bs, lr=lr,
+                  gen=torch.Generator().manual_seed(0))
+
+    with FlopCounterMode(display=False) as fc:
+        one_node()
+    check = {"node": donor, "n_train": n_train[donor], "counted": int(fc.get_total_flops()),
+             "predicted": int(round(per_sample * epochs * n_train[donor]))}
     log(f"[{key}] FLOPs/sample fwd+bwd: counter {per_sample:,.0f}, analytic {analytic:,.0f}; one node "
-        f"({n_train[donor]} samples x {epochs} ep): counted {one_node['counted']:.4g} vs predicted "
-        f"{one_node['predicted']:.4g}")
+        f"({n_train[donor]} samples x {epochs} ep): counted {check['counted']:.4g} vs predicted "
+        f"{check['predicted']:.4g}")
+    t0, c0 = time.perf_counter(), time.process_time()
+    one_node()
+    sgd_wall, sgd_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     small = small_shape_rate(fresh(), x, y, budget)
     bare_best, bare = bare_step_time(fresh(), x, y, lr, budget)
-    vbest, vstep, vnote = float("nan"), float("nan"), None
+    prof = profile_step(fresh(), x, y, lr, steps=10 if quick else 50)
+    log(f"[{key}] small-shape rate {small['gflops']:.1f} GFLOP/s; bare step best {bare_best * 1e6:.0f} us, "
+        f"median {bare * 1e6:.0f} us; sgd_train {sgd_wall / node_steps[donor] * 1e6:.0f} us/step")
+
+    vm: list[dict[str, Any]] = []
     if probe:
-        xs = torch.stack([fed.nodes[n].train_x[:bs] for n in nodes if n_train[n] >= bs])
-        ys = torch.stack([fed.nodes[n].train_y[:bs] for n in nodes if n_train[n] >= bs])
-        log(f"[{key}] vmap probe over {xs.shape[0]} nodes, batch {bs}")
-        vbest, vstep, vnote = vmap_step_time(fresh(), xs, ys, lr, budget)
-        if vnote is None:  # scale to all nodes (only matters if some node had < bs samples)
-            vbest, vstep = vbest * len(nodes) / xs.shape[0], vstep * len(nodes) / xs.shape[0]
-        else:
-            log(f"[{key}] vmap probe failed: {vnote}")
+        ok = [n for n in nodes if n_train[n] >= bs]
+        xs = torch.stack([fed.nodes[n].train_x[:bs] for n in ok])
+        ys = torch.stack([fed.nodes[n].train_y[:bs] for n in ok])
+        log(f"[{key}] vmap probe over groups of up to {xs.shape[0]} nodes, batch {bs}")
+        vm = vmap_groups(fresh, xs, ys, lr, budget)
+
+    tx = fed.global_test_x[: 4000 if quick else 10000]
+    scale = 10000 / max(int(tx.shape[0]), 1)
+    m = fresh()
+    fwd = {str(eb): forward_pass_time(m, tx, eb) * scale for eb in (exp.eval.batch_size, 256)}
+
     return Result(
         name=key, label=wl["quick_label"] if quick else wl["label"], threads=torch.get_num_threads(),
         model=exp.model.name, model_params=count_params(model), nodes_trained=len(nodes), batch_size=bs,
-        local_epochs=epochs, steps=steps, samples=samples, flops_per_sample=per_sample,
-        flops_check_analytic_per_sample=analytic, flops_check_one_node=one_node,
-        round_flops=per_sample * samples, eval_flops=float("nan"), small_shape=small, bare_step_s=bare,
-        bare_step_best_s=bare_best, vmap_step_s=vstep, vmap_step_best_s=vbest, vmap_note=vnote,
-        max_node_steps=max(epochs * math.ceil(n_train[n] / bs) for n in nodes),
+        local_epochs=epochs, steps=sum(node_steps.values()), max_node_steps=max(node_steps.values()),
+        samples=samples, flops_per_sample=per_sample, flops_check_analytic_per_sample=analytic,
+        flops_check_one_node=check, round_flops=per_sample * samples, small_shape=small, bare_step_s=bare,
+        bare_step_best_s=bare_best, step_profile=prof, sgd_train_step_s=sgd_wall / node_steps[donor],
+        sgd_train_step_cpu_s=sgd_cpu / node_steps[donor], vmap=vm, eval_fwd_10k_s=fwd,
     )
 
 
@@ -445,51 +529,64 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _best_vmap(r: Result) -> Optional[dict[str, Any]]:
+    ok = [v for v in r.vmap if v["note"] is None]
+    return min(ok, key=lambda v: v["us_per_node_step"]) if ok else None
+
+
 def report(results: list[Result], big: dict[str, float], meta: dict[str, Any]) -> str:
-    """The three tables and the per-workload details, as Markdown-ish text."""
-    rate_big = big["gflops_best"] * 1e9
-    out = [f"big matmul {big['n']}^3 fp32: best {big['gflops_best']:.1f} GFLOP/s, median "
-           f"{big['gflops_median']:.1f} GFLOP/s ({meta['threads']} threads)"]
+    """The tables and the per-workload details, as Markdown."""
+    rate_big = big["gflops_floor"] * 1e9
+    out = [f"big matmul {big['n']}^3 fp32, {meta['threads']} threads: wall best {big['gflops_best']:.1f} GFLOP/s, "
+           f"median {big['gflops_median']:.1f}; from CPU time {big['gflops_cpu']:.1f}; floor rate used "
+           f"{big['gflops_floor']:.1f} GFLOP/s"]
     for r in results:
-        out.append(f"small-shape rate, {r.name} (FLOP ops of one B={r.batch_size} fwd+bwd, replayed, "
-                   f"best per call): {r.small_shape['gflops']:.1f} GFLOP/s")
+        out.append(f"small-shape rate, {r.name}: the FLOP ops of one B={r.batch_size} forward+backward, "
+                   f"replayed at their shapes (best per call): {r.small_shape['gflops']:.1f} GFLOP/s")
     out.append("")
     rows = []
     for r in results:
-        tr, cm, ev = _med(r.train_s), _med(r.comm_s), _med(r.eval_s)
+        tr, ev = _med(r.train_s), _med(r.eval_s)
         fb = r.round_flops / rate_big
         fs = r.round_flops / (r.small_shape["gflops"] * 1e9)
-        rows.append([r.label, _fmt_flops(r.round_flops), f"{fb:.2f}", f"{fs:.2f}",
-                     f"{r.bare_step_s * r.steps:.2f}", f"{tr:.2f}", f"{_med(r.train_cpu_s):.2f}",
-                     f"{cm:.3f}", f"{ev:.2f}", f"{tr / fb:.0f}x", f"{tr / fs:.1f}x"])
+        rows.append([r.label, _fmt_flops(r.round_flops), f"{fb:.2f}", f"{fs:.2f}", f"{tr:.2f}",
+                     f"{_med(r.train_cpu_s):.2f}", f"{_med(r.comm_s):.3f}", f"{ev:.2f}",
+                     f"{tr / fb:.1f}x", f"{tr / fs:.1f}x", f"{_med(r.train_cpu_s) / fb:.1f}x"])
     out.append(_table(["workload", "FLOPs/round (train)", "floor s @big matmul", "floor s @small shapes",
-                       "bare PyTorch loop s", "measured train s", "train CPU s", "send/bcast s",
-                       "eval s", "measured / floor@big", "measured / floor@small"], rows))
+                       "measured train s", "train CPU s", "send/bcast s", "eval s", "measured / floor@big",
+                       "measured / floor@small", "train CPU / floor@big"], rows))
     out.append("")
     rows = []
     for r in results:
         tr, cm = _med(r.train_s), _med(r.comm_s)
-        ok = not math.isnan(r.vmap_step_s)
-        per_node = r.vmap_step_s / max(r.nodes_trained, 1)
+        v = _best_vmap(r)
         rows.append([r.name, f"{r.steps}", f"{r.small_shape['step_s'] * 1e6:.0f}",
                      f"{r.bare_step_best_s * 1e6:.0f} / {r.bare_step_s * 1e6:.0f}",
-                     f"{(tr - cm) / r.steps * 1e6:.0f}",
-                     f"{r.nodes_trained} x {r.max_node_steps}",
-                     f"{r.vmap_step_s * 1e3:.1f} ({per_node * 1e6:.0f} per node)" if ok else "n/a",
-                     f"{r.vmap_step_s * r.max_node_steps:.2f}" if ok else (r.vmap_note or "n/a")])
+                     f"{r.sgd_train_step_s * 1e6:.0f} / {r.sgd_train_step_cpu_s * 1e6:.0f}",
+                     f"{(tr - cm) / r.steps * 1e6:.0f} / {_med(r.train_cpu_s) / r.steps * 1e6:.0f}",
+                     f"{v['us_per_node_step']:.0f} (group {v['group']})" if v else "n/a",
+                     f"{v['us_per_node_step'] * 1e-6 * r.nodes_trained * r.max_node_steps:.2f}" if v else "n/a"])
     out.append(_table(["workload", "SGD steps/round", "op floor us/step", "bare PyTorch us/step (best / median)",
-                       "engine us/step ((train - comm) / steps)", "nodes x max steps",
-                       "vmap ms/step, all nodes", "vmap round s (est.)"], rows))
+                       "sgd_train us/step (wall / CPU)", "engine us/step (wall / CPU)", "vmap us per node-step (best group)",
+                       "vmap round s (est.)"], rows))
     out.append("")
     rows = []
     for r in results:
         ev = _med(r.eval_s)
         ef = r.eval_flops / rate_big
+        fwd = "; ".join(f"bs {k}: {v:.2f}" for k, v in r.eval_fwd_10k_s.items())
         rows.append([r.name, _fmt_flops(r.eval_flops), f"{ef:.2f}", f"{ev:.2f}", f"{_med(r.eval_cpu_s):.2f}",
-                     f"{ev / ef:.1f}x" if ef > 0 else "n/a", f"{r.comm_calls}", f"{r.bytes_round / 1e6:.1f} MB",
-                     f"{_med(r.comm_s) / max(_med(r.train_s), 1e-9) * 100:.1f}%"])
+                     f"{ev / ef:.1f}x" if ef > 0 else "n/a", fwd])
     out.append(_table(["workload", "eval FLOPs", "eval floor s @big", "eval s", "eval CPU s", "eval / floor",
-                       "send/bcast calls", "bytes/round", "send/bcast share of train"], rows))
+                       "forward s per 10k samples"], rows))
+    out.append("")
+    rows = []
+    for r in results:
+        rows.append([r.name, f"{r.comm_calls}", f"{r.bytes_round / 1e6:.1f} MB", f"{_med(r.comm_s):.3f}",
+                     f"{_med(r.comm_s) / max(_med(r.train_s), 1e-9) * 100:.1f}%",
+                     f"{r.bytes_round / 1e6 / max(_med(r.comm_s), 1e-9):.0f} MB/s"])
+    out.append(_table(["workload", "send/bcast calls", "bytes/round (ledger)", "send/bcast s",
+                       "share of train s", "encode+decode throughput"], rows))
     out.append("")
     for r in results:
         c = r.flops_check_one_node
@@ -497,10 +594,16 @@ def report(results: list[Result], big: dict[str, float], meta: dict[str, Any]) -
                    f"{r.samples:,} sample-passes; FLOPs/sample fwd+bwd {r.flops_per_sample:,.0f} "
                    f"(analytic {r.flops_check_analytic_per_sample:,.0f}); one node's local training counted "
                    f"{c['counted']:,} vs predicted {c['predicted']:,}")
-        out.append(f"  repeats: train {['%.2f' % t for t in r.train_s]}  send/bcast {['%.3f' % t for t in r.comm_s]}"
-                   f"  eval {['%.2f' % t for t in r.eval_s]}")
+        out.append(f"  repeats: train {['%.2f' % t for t in r.train_s]}  send/bcast "
+                   f"{['%.3f' % t for t in r.comm_s]}  eval {['%.2f' % t for t in r.eval_s]}")
         out.append("  FLOP ops of one step (best us, GFLOP/s): " + "; ".join(
             f"{o['op']} {o['us']:.0f}us {o['gflops']:.1f}" for o in r.small_shape["ops"]))
+        out.append("  bare step, top ops by self CPU (us/step, share): " + "; ".join(
+            f"{o['op']} {o['us_per_step']:.0f} {o['share'] * 100:.0f}%" for o in r.step_profile))
+        if r.vmap:
+            out.append("  vmap groups (us per node-step): " + "; ".join(
+                f"{v['group']}: {v['us_per_node_step']:.0f}" if v["note"] is None else f"{v['group']}: {v['note']}"
+                for v in r.vmap))
     return "\n".join(out)
 
 
@@ -508,13 +611,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test, < 1 minute)")
-    ap.add_argument("--repeats", type=int, default=3, help="engine rounds per workload (median reported)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="engine rounds per workload, median reported (default 3; 1 with --quick)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--workloads", default="fedavg,dfedavg", help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--matmul-n", type=int, default=None, help="size of the big square matmul (default 2048; 512 quick)")
     ap.add_argument("--no-probe", action="store_true", help="skip the vmap probe")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     if args.repeats < 1 or args.threads < 1:
         ap.error("--repeats and --threads must be >= 1")
     keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
@@ -536,9 +642,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"machine: {meta['cpu']}, {meta['logical_cpus']} logical CPUs; torch {meta['torch']}, "
           f"python {meta['python']}; torch threads = {meta['threads']}")
     print(f"load average at start (1/5/15 min): {load0}")
+    if load0 is not None and load0[0] > (os.cpu_count() or 1) * 0.75:
+        print(f"WARNING: the machine is busy (load {load0[0]} on {os.cpu_count()} CPUs): wall times are inflated"
+              + (", and with --threads > 1 OpenMP barriers wait for descheduled threads (expect 10-100x slowdowns);"
+                 " prefer --threads 1 and read the CPU-time columns" if args.threads > 1 else
+                 "; read the CPU-time columns") + ". Re-take the numbers on a quiet machine.")
     t_start = time.perf_counter()
     big = big_matmul_rate(n, budget)
-    log(f"big matmul {n}^3: {big['gflops_best']:.1f} GFLOP/s best")
+    log(f"big matmul {n}^3: {big['gflops_best']:.1f} GFLOP/s best wall, {big['gflops_cpu']:.1f} from CPU time")
     results = [bench_workload(k, quick=args.quick, repeats=args.repeats, threads=args.threads,
                               probe=not args.no_probe, budget=budget, log=log) for k in keys]
     meta["loadavg_end"] = loadavg()

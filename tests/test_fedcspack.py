@@ -135,6 +135,7 @@ def test_upload_bytes_are_packs_plus_mask_pairs_plus_header() -> None:
 
 def _one_round(tmp_path: Path, variant: str, **hp):
     cfg = digits_config(tmp_path, "fedcspack", rounds=1, variant=variant, pack=64, **hp)
+    cfg["threads"] = 1
     sim = Simulation(validate(cfg))
     sim.executor.init_states(sim.topology.plan(0))
     plan = sim.topology.plan(0)
@@ -230,6 +231,7 @@ def test_full_runs_both_variants_and_use_less_uplink_than_fedavg(tmp_path: Path)
                           ("code", "fedcspack", {"variant": "code", "pack": 64}),
                           ("fedavg", "fedavg", {})]:
         cfg = digits_config(tmp_path / name, alg, rounds=3, **hp)
+        cfg["threads"] = 1
         res[name] = Simulation(validate(cfg)).run().summary
     for v in ("paper", "code"):
         assert res[v]["bytes_up"] < 0.7 * res["fedavg"]["bytes_up"]

@@ -116,7 +116,8 @@ def main() -> None:
             for method in METHODS:
                 path = REUSED.get((ds, part, method)) or add(*config(ds, part, method, alpha=alpha))
                 paper = TABLE1[ds].get(method)
-                runs.append({"id": f"table1/{ds}/{part}/{method}", "table": "table1", "config": path,
+                runs.append({"id": f"table1/{ds}/{part}/{method}", "table": "table1", "row": f"{ds} {part} {method}",
+                             "config": path,
                              "metric": "personal/acc_weighted", **({"paper": paper[i]} if paper else {})})
                 if alpha == 0.3 and method in ("fedavg", "fedcspack", "fedcspack_code", "fedspu"):
                     for direction in ("up", "down"):
@@ -129,7 +130,8 @@ def main() -> None:
         for method in METHODS:
             path = add(*config(ds, "pat", method))
             paper = TABLEA1[ds].get(method)
-            runs.append({"id": f"tableA1/{ds}/pat/{method}", "table": "tableA1", "config": path,
+            runs.append({"id": f"tableA1/{ds}/pat/{method}", "table": "tableA1", "row": f"{ds} {method}",
+                         "config": path,
                          "metric": "personal/acc_weighted", **({"paper": paper} if paper else {})})
     # table 3: mask ablation, CIFAR-10 Dir(0.5)
     for mask, vals in TABLE3.items():
@@ -155,6 +157,14 @@ def main() -> None:
             path = add(*config("fmnist", "dir0.3", method, alpha=0.3, count=count, suffix=f"_cpr{count}"))
             runs.append({"id": f"fig4/fmnist/cpr{count / 100:g}/{method}", "table": "fig4", "config": path,
                          "metric": "personal/acc_weighted"})
+
+    # the selection knob: top_k_ratio caps the packs a client sends (the paper's 4-8% uplink)
+    for ratio in (0.05,):
+        path = add(*config("fmnist", "dir0.3", "fedcspack", alpha=0.3, extra={"top_k_ratio": ratio},
+                           suffix=f"_topk{ratio:g}"))
+        for metric in ("personal/acc_weighted", "bytes/up", "bytes/down"):
+            runs.append({"id": f"extra/fmnist/dir0.3/fedcspack_topk{ratio:g}/{metric}", "table": "extra",
+                         "config": path, "metric": metric})
 
     for cid, cfg in configs.items():
         (HERE / f"{cid}.toml").write_text(

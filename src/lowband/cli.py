@@ -130,7 +130,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if what in (None, "topologies"):
         print("topologies:")
         for name, info in TOPOLOGIES.items():
-            print(f"  {name:<14} {info if isinstance(info, str) else getattr(info, 'description', info)}")
+            params = ", ".join(f"{k}={v!r}" for k, v in info["params"].items())
+            print(f"  {name:<14} {info['description']}" + (f"  [{params}]" if params else ""))
     return 0
 
 
@@ -170,7 +171,12 @@ def cmd_download(args: argparse.Namespace) -> int:
     from lowband.data.download import download
     from lowband.data.sources import resolve_data_dir
 
-    paths = download(args.dataset, resolve_data_dir(args.data_dir), base_url=args.mirror, force=args.force)
+    from lowband.data.errors import DatasetError
+
+    try:
+        paths = download(args.dataset, resolve_data_dir(args.data_dir), base_url=args.mirror, force=args.force)
+    except ValueError as exc:  # a bundled or unknown dataset name
+        raise DatasetError(str(exc)) from None
     for p in paths:
         print(f"ok {p}")
     return 0
@@ -281,11 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--mirror", help="base URL of a mirror with the same layout")
     dl.add_argument("--force", action="store_true")
     dl.set_defaults(fn=cmd_download)
+
+    from lowband.reproduce import add_parser as add_reproduce  # lowband reproduce PAPER
+
+    add_reproduce(sub)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides after an --option land here (argparse stops at the option)
+        if isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = args.overrides + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.fn(args) or 0)
     except _user_errors() as exc:

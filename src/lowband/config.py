@@ -52,6 +52,9 @@ class DataConfig(_Strict):
     samples_per_client: int = Field(200, ge=1)
     split: tuple[float, float, float] = (1.0, 0.0, 0.0)
     public_size: int = Field(0, ge=0)
+    augment: Optional[Literal["fol"]] = None
+    #: where the public reference set is drawn from (see lowband.data.federation)
+    public_source: Literal["train", "holdout", "mismatched"] = "train"
 
     @field_validator("split")
     @classmethod
@@ -72,6 +75,10 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str = "mlp"
+    #: mixed federation: client i gets architecture ``mix[i % len(mix)]`` (a list as long as
+    #: the clients assigns one each); ``name`` stays the server's. Only for algorithms
+    #: that exchange predictions, not weights (kta, fedmd; local).
+    mix: Optional[list[str]] = Field(None, min_length=1)
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -123,7 +130,7 @@ class EvalConfig(_Strict):
 
     protocols: Optional[list[Literal["global", "personal", "node_global", "consensus"]]] = None
     every: int = Field(1, ge=1)
-    batch_size: int = Field(2000, ge=1)
+    batch_size: int = Field(500, ge=1)
     target: Optional[float] = Field(None, gt=0, le=1)
     main: Optional[str] = None
     at_round0: bool = True
@@ -133,11 +140,18 @@ class Experiment(_Strict):
     """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
 
     name: str = "experiment"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     rounds: int = Field(10, ge=0, le=1_000_000)
     out_dir: Optional[str] = None
     executor: Literal["serial", "ray"] = "serial"
     threads: Optional[int] = Field(None, ge=1)
+    #: executor = "ray" (extra lowband[ray], docs/scale.md): the cluster to join ("auto" for
+    #: the one `ray start` runs on this machine, "host:6379", "ray://host:10001"); unset: a
+    #: local runtime of ray_num_cpus CPUs. ray_workers: shard actors, each owning a
+    #: contiguous block of nodes (unset: one per CPU of the runtime, at most one per node).
+    ray_address: Optional[str] = None
+    ray_workers: Optional[int] = Field(None, ge=1)
+    ray_num_cpus: Optional[int] = Field(None, ge=1)
     checkpoint_every: int = Field(1, ge=0)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -146,12 +160,33 @@ class Experiment(_Strict):
     comm: CommConfig = Field(default_factory=CommConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not (v in ("auto", "local") or v.startswith("ray://") or _is_host_port(v)):
+            raise ValueError("must be 'auto', 'local', 'host:port' (the GCS, e.g. '10.0.0.1:6379') "
+                             "or 'ray://host:port' (Ray Client)")
+        return v
+
+    @field_validator("ray_num_cpus")
+    @classmethod
+    def _ray_num_cpus(cls, v: Optional[int], info: Any) -> Optional[int]:
+        if v is not None and info.data.get("ray_address") not in (None, "local"):
+            raise ValueError("sizes a local Ray runtime only; a cluster at ray_address has the CPUs its "
+                             "`ray start --num-cpus` gave it (drop one of the two keys)")
+        return v
+
     def run_dir(self) -> Path:
         return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
 
     def to_toml(self) -> str:
         """The resolved configuration as TOML (None values dropped), as written to run_dir."""
         return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+
+def _is_host_port(v: str) -> bool:
+    host, sep, port = v.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _drop_none(d: Any) -> Any:
@@ -268,6 +303,35 @@ def _validate_plugins(exp: Experiment) -> None:
         raise ConfigError(line) from None
     if exp.model.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {exp.model.name!r}; available: {', '.join(sorted(MODELS))}")
+    accepted = MODELS[exp.model.name].kwargs
+    for key in exp.model.options():
+        if key not in accepted:
+            raise ConfigError(f"model.{key}: unknown key for {exp.model.name}; allowed: "
+                              + ", ".join(["name", "mix", *accepted]))
+    if exp.model.mix:
+        alg = ALGORITHMS[exp.algorithm.name]
+        if not (alg.supports_mixed_models or alg.family == "local"):
+            ok = sorted(n for n, a in ALGORITHMS.items() if a.supports_mixed_models or a.family == "local")
+            raise ConfigError(f"model.mix: {exp.algorithm.name} needs one architecture for every client "
+                              f"(it exchanges weights); mixed federations work with {', '.join(ok)}")
+        for m in exp.model.mix:
+            if m not in MODELS:
+                raise ConfigError(f"model.mix: unknown model {m!r}; available: {', '.join(sorted(MODELS))}")
+            bad = [k for k in exp.model.options() if k not in MODELS[m].kwargs]
+            if bad:
+                raise ConfigError(f"model.{bad[0]}: not an option of {m} (in model.mix); the options under "
+                                  f"[model] go to every model of the mix")
+        if exp.eval.protocols and "consensus" in exp.eval.protocols:
+            raise ConfigError("eval.protocols: 'consensus' averages weights and needs one architecture; "
+                              "not with model.mix")
+    from lowband.data.sources import DATASETS, _check_options
+
+    if exp.data.dataset not in DATASETS:
+        raise ConfigError(f"data.dataset: unknown dataset {exp.data.dataset!r}; available: {', '.join(DATASETS)}")
+    try:
+        _check_options(exp.data.dataset, exp.data.options)
+    except ValueError as exc:
+        raise ConfigError(f"data.options: {exc}") from None
     from lowband.comm.codecs import parse_codec
 
     for key, spec in [("comm.codec", exp.comm.codec)] + [

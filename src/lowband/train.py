@@ -170,3 +170,4 @@ def evaluate(model: nn.Module, params: Optional[Params], x: torch.Tensor, y: tor
     loss = float(F.cross_entropy(logits, y, reduction="mean"))
     acc = float((logits.argmax(1) == y).float().mean())
     return acc, loss, n
+

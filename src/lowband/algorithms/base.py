@@ -125,6 +125,9 @@ class Algorithm(ABC):
     #: clients are stateless and the "personal" protocol evaluates the global model on
     #: each client's local test split (PFLlib's convention for FedAvg-like methods).
     personalized: ClassVar[bool] = True
+    #: True when clients may have different architectures (``[model] mix``): only
+    #: predictions cross the network (KTA v2, FedMD). Weight-exchanging methods keep False.
+    supports_mixed_models: ClassVar[bool] = False
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp
@@ -145,7 +148,7 @@ class Algorithm(ABC):
     # -- rounds ----------------------------------------------------------------------
     @abstractmethod
     def steps(self, round: int, plan: RoundPlan) -> list[Step]:
-        """The exchange phases of round ``round`` (0-based) under ``plan``."""
+        """The exchange phases of round ``round`` (1-based; round 0 is the initial evaluation) under ``plan``."""
 
     # -- evaluation hooks (measurement only: never fed back, never counted) ----------
     def node_params(self, state: State) -> Optional[Params]:
@@ -156,6 +159,20 @@ class Algorithm(ABC):
     def server_params(self, state: State) -> Optional[Params]:
         """The server's global model (``global`` protocol)."""
         return state.get("params")
+
+    def round_metrics(self, server_state: State) -> dict[str, float]:
+        """Per-round diagnostics of a server-family algorithm, read from the server's state
+        after each evaluated round and written to metrics.jsonl as ``alg/<key>``
+        (measurement only: never fed back, never counted). Default: none."""
+        return {}
+
+    def node_metrics(self, ctx: NodeContext, state: State) -> dict[str, float]:
+        """Per-node measurements after each evaluated round, run on every node (and the
+        server, where there is one) with that node's own context, state and data; each
+        key is written to metrics.jsonl as ``alg/<key>``, so node-specific keys must name
+        the node (e.g. ``fol/c9/ensemble_acc``). Measurement only: never fed back, never
+        counted. Default: none (and the engine does not call it)."""
+        return {}
 
 
 REGISTRY: dict[str, type[Algorithm]] = {}
@@ -173,7 +190,7 @@ def describe_hyperparams(cls: type[Algorithm]) -> Mapping[str, tuple[Any, str]]:
     """name -> (default, description) for `lowband list`."""
     out: dict[str, tuple[Any, str]] = {}
     for name, f in cls.Hyperparams.model_fields.items():
-        out[name] = (f.default, f.description or "")
+        out[name] = (f.get_default(call_default_factory=True), f.description or "")
     return out
 
 

@@ -88,8 +88,8 @@ class FedAvg(Algorithm):
         params, stats = local_train(ctx, glob, loss_fn) if loss_fn else local_train(ctx, glob)
         payload = params if self.hp.upload == "weights" else sub(params, glob)
         msg = Message("weights" if self.hp.upload == "weights" else "delta", payload,
-                      meta={"num_examples": ctx.data.n_train, "loss": stats.loss})
-        return state, Outbox().send(SERVER, msg)
+                      meta={"num_examples": ctx.data.n_train})
+        return {**state, "loss": stats.loss}, Outbox().send(SERVER, msg)
 
 
 def _complete(received: Params, like: Params, zero: bool = False) -> Params:

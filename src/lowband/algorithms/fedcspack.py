@@ -232,6 +232,11 @@ class FedCSPACK(FedAvg):
     def node_params(self, state: State) -> Optional[Params]:
         return state.get("params") if self.hp.variant == "paper" else None
 
+    def round_metrics(self, server_state: State) -> dict[str, float]:
+        """``alg/packs_per_client``: mean fraction of packs a client sent this round;
+        ``alg/packs_updated``: fraction of packs someone sent (the global mask's support)."""
+        return dict(server_state.get("stats", {}))
+
     # -- server -----------------------------------------------------------------------
     def server_broadcast(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         tensors = dict(state["params"])
@@ -241,14 +246,17 @@ class FedCSPACK(FedAvg):
 
     def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         if not inbox:
-            return {**state, "mask": torch.zeros_like(state["mask"])}, Outbox()
+            return {**state, "mask": torch.zeros_like(state["mask"]), "stats": {}}, Outbox()
         names = param_names(ctx.model)
         glob = state["params"]
         gp = cut_packs(flatten_params(glob, names), self.hp.pack)
         uploads = [(e.msg.tensors["idx"], e.msg.tensors["mask"], e.msg.tensors["packs"]) for e in inbox]
         new_packs, S = aggregate_packs(gp, uploads)
         new = unflatten_params(new_packs.reshape(-1), glob, names)
-        return {**state, "params": new, "mask": S}, Outbox()
+        n = float(gp.shape[0])
+        stats = {"packs_per_client": sum(float(u[0].numel()) for u in uploads) / len(uploads) / n,
+                 "packs_updated": float((S > 0).sum()) / n}
+        return {**state, "params": new, "mask": S, "stats": stats}, Outbox()
 
     # -- client -----------------------------------------------------------------------
     def start_model(self, ctx: NodeContext, state: State, glob: Params, gmask: Optional[torch.Tensor]) -> Params:

@@ -3,11 +3,19 @@
 Order of operations (each step seeded by its own address, so changing one knob does
 not reshuffle the others):
 
-1. carve the public reference set: ``public_size`` training indices drawn uniformly
-   (``np_gen(seed, "public")``), removed from the pool no client may own;
+1. carve the public reference set: ``public_size`` training indices, removed from the
+   pool so that no client owns them. ``public_source`` says how they are drawn:
+   ``train`` (default) uniformly from the training set (``np_gen(seed, "public")``);
+   ``holdout`` as a class-stratified held-out validation split (equal class
+   proportions, ``np_gen(seed, "public", "holdout")``); ``mismatched`` uniformly from a
+   seeded half of the classes only (``np_gen(seed, "public", "mismatched")``), a
+   deliberately class-skewed reference set. The official test split is never used;
 2. partition the remaining pool among clients (``np_gen(seed, "partition", kind)``);
 3. split each client's indices into local train/val/test with ``split_local``
-   (``np_gen(seed, "split", client)``).
+   (``np_gen(seed, "split", client)``);
+4. optionally (``augment="fol"``) give each client its own randomly transformed copy of
+   its images (rotation, flip, crop/resize, noise; :mod:`lowband.data.augment`,
+   ``torch_gen(seed, "augment", client, split)``), as the FOL paper does at partition time.
 
 The official test split becomes the held-out global test set, never given to clients.
 Node tensors are index-selected copies, so a node may modify its own data freely;
@@ -98,6 +106,38 @@ def _take(x: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
     return x[torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))]
 
 
+PUBLIC_SOURCES = ("train", "holdout", "mismatched")
+
+
+def _public_indices(labels: np.ndarray, size: int, source: str, num_classes: int, seed: int) -> np.ndarray:
+    """Sorted training indices of the public reference set (see the module docstring)."""
+    if source not in PUBLIC_SOURCES:
+        raise ValueError(f"public_source must be one of {', '.join(PUBLIC_SOURCES)}; got {source!r}")
+    n = labels.size
+    if source == "train" or size == 0:
+        return np.sort(np_gen(seed, "public").choice(n, size, replace=False)).astype(np.int64)
+    if source == "holdout":
+        rng = np_gen(seed, "public", "holdout")
+        classes = np.unique(labels)
+        share = np.full(classes.size, size // classes.size)
+        share[rng.permutation(classes.size)[: size - int(share.sum())]] += 1
+        out = []
+        for c, k in zip(classes, share):
+            idx = np.flatnonzero(labels == c)
+            if k > idx.size:
+                raise ValueError(f"public_source='holdout': class {c} has {idx.size} samples, "
+                                 f"a balanced public set of {size} needs {k}")
+            out.append(rng.choice(idx, int(k), replace=False))
+        return np.sort(np.concatenate(out)).astype(np.int64)
+    rng = np_gen(seed, "public", "mismatched")
+    keep = np.sort(rng.choice(num_classes, max(1, num_classes // 2), replace=False))
+    pool = np.flatnonzero(np.isin(labels, keep))
+    if size > pool.size:
+        raise ValueError(f"public_source='mismatched': classes {keep.tolist()} hold {pool.size} samples, "
+                         f"fewer than public_size={size}")
+    return np.sort(rng.choice(pool, size, replace=False)).astype(np.int64)
+
+
 def build_federation(
     dataset: Dataset,
     *,
@@ -109,8 +149,10 @@ def build_federation(
     samples_per_client: int = 200,
     split: tuple[float, float, float] = (1.0, 0.0, 0.0),
     public_size: int = 0,
+    public_source: str = "train",
     seed: int = 0,
     max_retries: int = 1000,
+    augment: str | None = None,
 ) -> Federation:
     """Deal ``dataset``'s training set out to ``num_clients`` nodes.
 
@@ -118,10 +160,18 @@ def build_federation(
     ``min_size``, ``max_retries``), ``shards`` (``classes_per_client``), ``ntk_fl``
     (``alpha``, None = IID; ``samples_per_client``; nodes may overlap) or ``natural``
     (the dataset's own clients, e.g. ``synthetic``). ``split`` = local (train, val, test)
-    ratios. Raises ValueError (PartitionError is one) for impossible requests.
+    ratios. ``augment``: None, or a preset of :data:`lowband.data.augment.AUGMENTS`
+    ("fol") applied to every client's train/val/test images (not to the global test set
+    or the public set). Raises ValueError (PartitionError is one) for impossible requests.
     """
     if partition not in PARTITIONS:
         raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; got {partition!r}")
+    if augment is not None:
+        from .augment import augment_spec
+
+        augment_spec(augment)  # one-line error for an unknown preset
+        if dataset.is_text or len(dataset.input_shape) != 3:
+            raise ValueError(f"augment={augment!r} needs image data (C, H, W); {dataset.name} is not")
     if int(num_clients) < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     split = tuple(float(s) for s in split)  # type: ignore[assignment]
@@ -132,7 +182,7 @@ def build_federation(
     if not 0 <= public_size < n:
         raise ValueError(f"public_size must be in 0..{n - 1} ({dataset.name} has {n} training samples), got {public_size}")
 
-    public = np.sort(np_gen(seed, "public").choice(n, public_size, replace=False)).astype(np.int64)
+    public = _public_indices(labels, public_size, public_source, dataset.num_classes, seed)
     pool = np.setdiff1d(np.arange(n, dtype=np.int64), public, assume_unique=True)
     if partition != "ntk_fl" and num_clients > pool.size:
         raise ValueError(f"num_clients={num_clients} exceeds the {pool.size} training samples left for clients")
@@ -166,15 +216,20 @@ def build_federation(
     nodes = []
     for i, idx in enumerate(parts):
         tr, va, te = P.split_local(idx, labels, split, np_gen(seed, "split", i))
+        xs = [_take(dataset.train_x, part) for part in (tr, va, te)]
+        if augment is not None:
+            from .augment import augment_client
+
+            xs = [augment_client(xp, augment, seed, i, name) for xp, name in zip(xs, ("train", "val", "test"))]
         nodes.append(NodeData(
-            _take(dataset.train_x, tr), _take(dataset.train_y, tr),
-            _take(dataset.train_x, va), _take(dataset.train_y, va),
-            _take(dataset.train_x, te), _take(dataset.train_y, te),
+            xs[0], _take(dataset.train_y, tr),
+            xs[1], _take(dataset.train_y, va),
+            xs[2], _take(dataset.train_y, te),
         ))
     meta = dict(dataset.meta)
     meta["federation"] = {
         "partition": partition, "alpha": alpha, "num_clients": num_clients, "split": list(split),
-        "public_size": public_size, "seed": seed,
+        "public_size": public_size, "public_source": public_source, "seed": seed,
     }
     return Federation(
         name=dataset.name,

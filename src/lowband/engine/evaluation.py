@@ -17,6 +17,7 @@ never fed back to training, and never appears in the ledger.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -47,34 +48,31 @@ class Evaluator:
         self.ex = executor
         self.num_nodes = num_nodes
         self.test_x, self.test_y = test_x, test_y
+        self._test = (test_x, test_y)
         self.batch_size = batch_size
         if "global" in self.protocols and not algorithm.has_server:
             raise ValueError(f"eval.protocols: 'global' needs a server; {algorithm.name} has none (use consensus or node_global)")
 
     def __call__(self, round: int, plan: RoundPlan) -> dict[str, float]:
+        # Per-node work goes through module-level functions with explicit arguments (no
+        # closures over this object), so a distributed executor ships each argument once
+        # and the global test set (``self._test``, the same object every call) only once.
         out: dict[str, float] = {}
         nodes = range(self.num_nodes)
-        server_params = None
-        if self.alg.has_server:
-            server_params = self.ex.map_nodes(lambda ctx, s: self.alg.server_params(s), [SERVER], round, plan)[SERVER]
-        bs = self.batch_size
+        alg, bs, test = self.alg, self.batch_size, self._test
 
-        if "global" in self.protocols and server_params is not None:
-            res = self.ex.map_nodes(
-                lambda ctx, s: evaluate(ctx.model, server_params, self.test_x, self.test_y, bs), [SERVER], round, plan
-            )[SERVER]
-            out["global/acc"], out["global/loss"] = res[0], res[1]
+        if "global" in self.protocols and alg.has_server:
+            res = self.ex.map_nodes(partial(_eval_server, alg=alg, test=test, bs=bs), [SERVER], round, plan)[SERVER]
+            if res is not None:
+                out["global/acc"], out["global/loss"] = res[0], res[1]
 
         if "personal" in self.protocols:
-            use_global = not self.alg.personalized
-
-            def personal(ctx: NodeContext, s: State) -> tuple[float, float, int]:
-                params = server_params if use_global else self.alg.node_params(s)
-                if params is None or ctx.data.test_y.numel() == 0:
-                    return float("nan"), float("nan"), 0
-                return evaluate(ctx.model, params, ctx.data.test_x, ctx.data.test_y, bs)
-
-            res = self.ex.map_nodes(personal, nodes, round, plan)
+            use_global = not alg.personalized
+            server_params = None
+            if use_global and alg.has_server:
+                server_params = self.ex.map_nodes(partial(_server_params, alg=alg), [SERVER], round, plan)[SERVER]
+            fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
+            res = self.ex.map_nodes(fn, nodes, round, plan)
             accs = np.array([res[n][0] for n in nodes], dtype=float)
             losses = np.array([res[n][1] for n in nodes], dtype=float)
             ns = np.array([res[n][2] for n in nodes], dtype=float)
@@ -86,26 +84,56 @@ class Evaluator:
                 out["personal/loss"] = float(np.sum(losses[ok] * ns[ok]) / ns[ok].sum())
 
         if "node_global" in self.protocols:
-            res = self.ex.map_nodes(
-                lambda ctx, s: evaluate(ctx.model, self.alg.node_params(s), self.test_x, self.test_y, bs)[:2]
-                if self.alg.node_params(s) is not None else (float("nan"), float("nan")),
-                nodes, round, plan,
-            )
+            res = self.ex.map_nodes(partial(_eval_node_global, alg=alg, test=test, bs=bs), nodes, round, plan)
             accs = np.array([res[n][0] for n in nodes], dtype=float)
             out["node_global/acc"] = float(np.nanmean(accs))
             out["node_global/acc_std"] = float(np.nanstd(accs))
             out["node_global/loss"] = float(np.nanmean([res[n][1] for n in nodes]))
 
         if "consensus" in self.protocols:
-            params = self.ex.map_nodes(lambda ctx, s: self.alg.node_params(s), nodes, round, plan)
+            params = self.ex.map_nodes(partial(_node_params, alg=alg), nodes, round, plan)
             plist = [params[n] for n in nodes if params[n] is not None]
             if plist:
                 avg = weighted_average(plist)
-                res = self.ex.map_nodes(
-                    lambda ctx, s: evaluate(ctx.model, avg, self.test_x, self.test_y, bs), [0], round, plan
-                )[0]
+                res = self.ex.map_nodes(partial(_eval_params, params=avg, test=test, bs=bs), [0], round, plan)[0]
                 out["consensus/acc"], out["consensus/loss"] = res[0], res[1]
         return out
+
+
+# Per-node evaluation functions: (ctx, state, **explicit arguments); measurement only.
+Test = tuple[torch.Tensor, torch.Tensor]
+
+
+def _server_params(ctx: NodeContext, s: State, alg: Algorithm) -> Optional[dict[str, torch.Tensor]]:
+    return alg.server_params(s)
+
+
+def _node_params(ctx: NodeContext, s: State, alg: Algorithm) -> Optional[dict[str, torch.Tensor]]:
+    return alg.node_params(s)
+
+
+def _eval_params(ctx: NodeContext, s: State, params: dict[str, torch.Tensor], test: Test, bs: int) -> tuple[float, float, int]:
+    return evaluate(ctx.model, params, test[0], test[1], bs)
+
+
+def _eval_server(ctx: NodeContext, s: State, alg: Algorithm, test: Test, bs: int) -> Optional[tuple[float, float, int]]:
+    params = alg.server_params(s)
+    return None if params is None else evaluate(ctx.model, params, test[0], test[1], bs)
+
+
+def _eval_personal(ctx: NodeContext, s: State, alg: Algorithm, use_global: bool,
+                   server_params: Optional[dict[str, torch.Tensor]], bs: int) -> tuple[float, float, int]:
+    params = server_params if use_global else alg.node_params(s)
+    if params is None or ctx.data.test_y.numel() == 0:
+        return float("nan"), float("nan"), 0
+    return evaluate(ctx.model, params, ctx.data.test_x, ctx.data.test_y, bs)
+
+
+def _eval_node_global(ctx: NodeContext, s: State, alg: Algorithm, test: Test, bs: int) -> tuple[float, float]:
+    params = alg.node_params(s)
+    if params is None:
+        return float("nan"), float("nan")
+    return evaluate(ctx.model, params, test[0], test[1], bs)[:2]
 
 
 def default_protocols(alg: Algorithm, fed: Any, requested: Optional[Sequence[str]]) -> list[str]:

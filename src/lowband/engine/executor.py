@@ -3,7 +3,10 @@
 The orchestrator hands an executor a :class:`~lowband.algorithms.base.Step` and the
 inboxes; the executor runs the step's function on each actor with that actor's context
 and state only, stores the new state and returns the outboxes. A distributed executor
-(Ray) implements the same three methods with node states sharded across workers.
+(:class:`lowband.engine.ray_executor.RayExecutor`) implements the same methods with node
+states sharded across workers, plus an optional ``run_round(steps, round, plan,
+network)`` that runs a whole round's steps and routes the messages where the nodes live
+(the simulator uses it when an executor has it; encoding and counting stay identical).
 """
 
 from __future__ import annotations
@@ -73,7 +76,10 @@ class SerialExecutor:
     def model_for(self, node: int) -> nn.Module:
         key = self.env.model_key(node)
         if key not in self._models:
-            self._models[key] = self.env.model_factory(node)
+            # built without touching the global RNG (its init is overwritten anyway), so a
+            # node's seeded step does not depend on whether this process built it first
+            with torch.random.fork_rng(devices=[]):
+                self._models[key] = self.env.model_factory(node)
         return self._models[key]
 
     def context(self, node: int, round: int, plan: RoundPlan) -> NodeContext:
@@ -126,6 +132,6 @@ def make_executor(kind: str, env: NodeEnv, **options: Any) -> Executor:
         try:
             from lowband.engine.ray_executor import RayExecutor  # type: ignore[import-not-found]
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise RuntimeError(f"executor 'ray' is not available ({exc}); install it with pip install 'lowband[ray]'") from None
+            raise ValueError(f"executor 'ray' is not available ({exc}); install it with pip install 'lowband[ray]'") from None
         return RayExecutor(env, **options)
     raise ValueError(f"unknown executor {kind!r}; available: serial, ray")

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,7 +25,8 @@ from lowband.algorithms import ALGORITHMS
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, Outbox
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network
-from lowband.config import Experiment, hyperparams
+from lowband.config import ConfigError, Experiment, hyperparams
+from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation, build_federation
 from lowband.data.sources import load_dataset
 from lowband.engine.evaluation import Evaluator, default_protocols
@@ -34,6 +36,22 @@ from lowband.models import MODELS, build_model, count_params
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan, Topology, build_topology
 from lowband.train import get_params
+
+@contextmanager
+def config_errors(section: str):
+    """Report a ValueError raised while building ``section`` as a one-line ConfigError."""
+    try:
+        yield
+    except (ConfigError, PartitionError):
+        raise
+    except ValueError as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{section}: {msg}") from None
+
+
+#: metric keys each protocol writes (see engine/evaluation.py)
+PROTOCOL_METRICS = {"global": ("acc", "loss"), "personal": ("acc_weighted", "acc_mean", "acc_worst10", "loss"),
+                    "node_global": ("acc", "acc_std", "loss"), "consensus": ("acc", "loss")}
 
 DEFAULT_TOPOLOGY = {"server": "star", "peer": "kregular", "oneshot": "contact_plan", "local": "star"}
 
@@ -45,7 +63,8 @@ def make_federation(exp: Experiment) -> Federation:
     return build_federation(
         ds, num_clients=d.num_clients, partition=d.partition, alpha=d.alpha, min_size=d.min_size,
         classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
-        split=tuple(d.split), public_size=d.public_size, seed=exp.seed,
+        split=tuple(d.split), public_size=d.public_size, public_source=d.public_source, seed=exp.seed,
+        augment=d.augment,
     )
 
 
@@ -76,14 +95,67 @@ def make_topology(exp: Experiment, family: str, num_nodes: int) -> Topology:
     return build_topology(kind, num_nodes, exp.seed, **params)
 
 
-def model_options(exp: Experiment, fed: Federation) -> dict[str, Any]:
-    """Model builder options: the config's, plus what the data dictates (vocabulary size)."""
+def model_options(exp: Experiment, fed: Federation, name: Optional[str] = None) -> dict[str, Any]:
+    """Model builder options of model ``name`` (default ``model.name``): the config's, plus
+    what the data dictates (vocabulary size)."""
     opts = exp.model.options()
-    info = MODELS[exp.model.name]
+    info = MODELS[name or exp.model.name]
     accepted = getattr(info, "kwargs", {}) or {}
     if "vocab_size" in accepted and "vocab_size" not in opts and "vocab_size" in fed.meta:
         opts["vocab_size"] = fed.meta["vocab_size"]
     return opts
+
+
+def link_direction(src: int, dsts: tuple[int, ...]) -> str:
+    """The ledger direction of a message from ``src`` to ``dsts`` ("down", "up", "peer")."""
+    if src == SERVER:
+        return "down"
+    if len(dsts) == 1 and dsts[0] == SERVER:
+        return "up"
+    if SERVER in dsts:
+        raise ValueError("a broadcast may not mix the server and peers")
+    return "peer"
+
+
+def _round_metrics(ctx: Any, state: Any, alg: Algorithm) -> dict[str, float]:
+    return alg.round_metrics(state)
+
+
+class ModelBuilder:
+    """Builds the experiment's modules and their shared initial parameters.
+
+    A plain picklable object (not a closure), so a distributed executor can ship it to its
+    workers. ``builder(node)`` is a fresh module of the node's architecture,
+    ``builder.key(node)`` that architecture (``mix[node % len(mix)]`` for clients of a
+    mixed federation, else ``name``), ``builder.init_params(node)`` a copy of the shared
+    initialisation of that architecture, seeded by ``(seed, "init", key)``: the same in
+    every process.
+    """
+
+    def __init__(self, name: str, mix: list[str], num_classes: int, input_shape: tuple[int, ...],
+                 options: dict[str, dict[str, Any]], seed: int):
+        self.name, self.mix = name, list(mix)
+        self.num_classes, self.input_shape = num_classes, tuple(input_shape)
+        self.options, self.seed = options, int(seed)
+        self._init: dict[str, dict[str, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_init": {}}  # a worker rebuilds the (deterministic) init
+
+    def key(self, node: int) -> str:
+        return self.mix[node % len(self.mix)] if self.mix and node >= 0 else self.name
+
+    def __call__(self, node: int) -> torch.nn.Module:
+        a = self.key(node)
+        return build_model(a, num_classes=self.num_classes, input_shape=self.input_shape, **self.options[a])
+
+    def init_params(self, node: int) -> dict[str, torch.Tensor]:
+        a = self.key(node)
+        if a not in self._init:
+            m = build_model(a, num_classes=self.num_classes, input_shape=self.input_shape,
+                            seed=derive_seed(self.seed, "init", a), **self.options[a])
+            self._init[a] = get_params(m)
+        return {k: v.clone() for k, v in self._init[a].items()}
 
 
 @dataclass
@@ -107,40 +179,46 @@ class Simulation:
         if exp.threads:
             torch.set_num_threads(exp.threads)
         self.alg: Algorithm = ALGORITHMS[exp.algorithm.name](hyperparams(exp))
-        self.fed = federation if federation is not None else make_federation(exp)
+        with config_errors("data"):
+            self.fed = federation if federation is not None else make_federation(exp)
         self.num_nodes = len(self.fed.nodes)
-        self.topology = make_topology(exp, self.alg.family, self.num_nodes)
+        with config_errors("topology"):
+            self.topology = make_topology(exp, self.alg.family, self.num_nodes)
         self.ledger = Ledger()
         self.network = Network(
             CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
             self.ledger, exp.seed,
         )
-        opts = model_options(exp, self.fed)
-        name = exp.model.name
-        num_classes, input_shape = self.fed.num_classes, tuple(self.fed.input_shape)
-
-        def factory(node: int) -> torch.nn.Module:
-            return build_model(name, num_classes=num_classes, input_shape=input_shape, **opts)
-
-        @lru_cache(maxsize=8)
-        def init_for(key: str) -> dict[str, torch.Tensor]:
-            m = build_model(name, num_classes=num_classes, input_shape=input_shape,
-                            seed=derive_seed(exp.seed, "init", key), **opts)
-            return get_params(m)
-
-        self.model_size = count_params(factory(0))
+        num_classes = self.fed.num_classes
+        # [model] mix: client i gets mix[i % len(mix)] (the server keeps model.name)
+        mix = list(exp.model.mix or [])
+        with config_errors("model"):
+            builder = ModelBuilder(exp.model.name, mix, num_classes, tuple(self.fed.input_shape),
+                                   {a: model_options(exp, self.fed, a) for a in {exp.model.name, *mix}}, exp.seed)
+            self.model_size = count_params(builder(0))
+            self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(mix)} if mix else {}
         env = NodeEnv(
             algorithm=self.alg, node_data=list(self.fed.nodes),
             server_data=ServerData(self.fed.public_x, self.fed.public_y), seed=exp.seed,
-            num_classes=num_classes, model_factory=factory, model_key=lambda n: name,
-            init_params=lambda n: {k: v.clone() for k, v in init_for(name).items()},
+            num_classes=num_classes, model_factory=builder, model_key=builder.key,
+            init_params=builder.init_params,
             public_x=self.fed.public_x if self.fed.public_x.numel() else None,
         )
-        self.executor = make_executor(exp.executor, env)
+        options: dict[str, Any] = {}
+        if exp.executor == "ray":
+            options = {"address": exp.ray_address, "num_workers": exp.ray_workers,
+                       "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
+        with config_errors("executor"):
+            self.executor = make_executor(exp.executor, env, **options)
         self.protocols = default_protocols(self.alg, self.fed, exp.eval.protocols)
         self.main_metric = exp.eval.main or self._default_main()
-        self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
-                                   self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size)
+        known = [f"{p}/{m}" for p in self.protocols for m in PROTOCOL_METRICS[p]]
+        if self.main_metric not in known:
+            raise ConfigError(f"eval.main: {self.main_metric!r} is not a metric of this run "
+                              f"(protocols {', '.join(self.protocols)}); available: {', '.join(known)}")
+        with config_errors("eval"):
+            self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
+                                       self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size)
 
     def _default_main(self) -> str:
         main = self.alg.default_main
@@ -159,14 +237,7 @@ class Simulation:
         inboxes: dict[int, list[Envelope]] = {}
         for src in sorted(outboxes):
             for dsts, msg in outboxes[src].items:
-                if src == SERVER:
-                    direction = "down"
-                elif len(dsts) == 1 and dsts[0] == SERVER:
-                    direction = "up"
-                else:
-                    if SERVER in dsts:
-                        raise ValueError("a broadcast may not mix the server and peers")
-                    direction = "peer"
+                direction = link_direction(src, dsts)
                 if len(dsts) == 1:
                     delivered = {dsts[0]: self.network.send(msg, src, dsts[0], round=round, direction=direction)}
                 else:
@@ -218,10 +289,15 @@ class Simulation:
         for r in range(start + 1, exp.rounds + 1):
             t0 = time.perf_counter()
             plan = self.topology.plan(r - 1)  # topology rounds are 0-based
-            inboxes: dict[int, list[Envelope]] = {}
-            for step in self.alg.steps(r, plan):
-                outboxes = self.executor.run_step(step, r, plan, inboxes)
-                inboxes = self.route(r, outboxes)
+            steps = self.alg.steps(r, plan)
+            run_round = getattr(self.executor, "run_round", None)
+            if run_round is not None:  # a distributed executor routes where the nodes live
+                run_round(steps, r, plan, self.network)
+            else:
+                inboxes: dict[int, list[Envelope]] = {}
+                for step in steps:
+                    outboxes = self.executor.run_step(step, r, plan, inboxes)
+                    inboxes = self.route(r, outboxes)
             t_train = time.perf_counter() - t0
             t1 = time.perf_counter()
             if r % exp.eval.every == 0 or r == exp.rounds:
@@ -243,7 +319,8 @@ class Simulation:
             metrics, main=self.main_metric, target=exp.eval.target,
             extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
-                   "seed": exp.seed, "protocols": self.protocols, **self._ledger_summary()},
+                   "seed": exp.seed, "protocols": self.protocols, **self._ledger_summary(),
+                   **({"model_mix": self.model_sizes} if self.model_sizes else {})},
         )
         if log is not None:
             log.write_summary(summary)
@@ -253,6 +330,18 @@ class Simulation:
         rec: dict[str, Any] = {"round": r}
         rec.update(self.evaluator(r, plan))
         rec.update(self.byte_record(r))
+        if self.alg.has_server:  # the algorithm's own per-round diagnostics (measurement only)
+            extra = self.executor.map_nodes(partial(_round_metrics, alg=self.alg), [SERVER], r, plan)[SERVER]
+            rec.update({f"alg/{k}": float(v) for k, v in (extra or {}).items()})
+        if type(self.alg).node_metrics is not Algorithm.node_metrics:  # per-node diagnostics (measurement only)
+            nodes = list(range(self.num_nodes)) + ([SERVER] if self.alg.has_server else [])
+            per_node = self.executor.map_nodes(self.alg.node_metrics, nodes, r, plan)
+            for n in nodes:
+                for k, v in (per_node[n] or {}).items():
+                    if f"alg/{k}" in rec:
+                        raise ValueError(f"{self.alg.name}.node_metrics: node {n} repeats metric {k!r}; "
+                                         f"include the node id in node-specific keys")
+                    rec[f"alg/{k}"] = float(v)
         return rec
 
     def _ledger_summary(self) -> dict[str, Any]:

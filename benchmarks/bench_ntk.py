@@ -1,0 +1,260 @@
+#!/usr/bin/env python
+"""NTK-DFL and SPARK: one round at the paper's size, next to naive materialised code.
+
+The paper's size: 300 nodes, a 5-regular graph, ~197 samples per node (N = 6 x 197 = 1182
+pooled samples per neighbourhood), the MLP 784-100-10 (d = 79,510), C = 10, k = 1000,
+tau = 100 evolution steps. A round is, per node, the *responder* work (answering its
+neighbours' Jacobian requests) plus the *requester* work (kernel, evolution, update); this
+script times both on real Fashion-MNIST data for one node and multiplies by 300 (all nodes
+do the same work), counts the FLOPs analytically, and measures the machine's matmul rate
+to show the floor. With ``--round`` it also times one real round through the engine
+(messages encoded, counted and delivered; evaluation excluded).
+
+The naive implementation materialises the per-sample Jacobian ``J`` (``n x C x d``; built
+with ``torch.func.vmap(jacrev)``), forms ``(1/C) sum_c J_c J_c^T`` and ``J^T R`` from it and,
+for SPARK, multiplies ``J`` by a dense ``P`` (``d x k``). It runs on a smaller neighbourhood
+(``--naive-n`` samples) and its time is extrapolated to the paper's size by its FLOP count.
+
+Usage (repository root)::
+
+    LOWBAND_DATA=/path/to/data python benchmarks/bench_ntk.py [--threads 2] [--round] [--quick]
+
+Timings are meaningful only on an idle machine; the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from lowband.algorithms import ntk  # noqa: E402
+from lowband.models import build_model  # noqa: E402
+
+C, D_IN, H = 10, 784, 100
+D = D_IN * H + H + H * C + C  # 79,510
+
+
+def timeit(fn: Callable[[], object], repeats: int = 1) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def matmul_rate(n: int = 2048) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t, _ = timeit(lambda: a @ b, 3)
+    return 2 * n ** 3 / t / 1e9
+
+
+# --------------------------------------------------------------------------- FLOP counts
+
+
+def flops_ntk_requester(n_pool: int, tau: int, substeps: int = 1) -> dict[str, float]:
+    return {
+        "kernel (closed form)": 2 * n_pool * H * D_IN + 2 * n_pool ** 2 * (D_IN + 1 + H + H),
+        "evolution (RK4)": tau * substeps * 4 * 2 * n_pool ** 2 * C,
+        "J^T R (backward)": 2 * 2 * n_pool * D,
+    }
+
+
+def flops_ntk_naive(n_pool: int) -> dict[str, float]:
+    return {"build J (C backward passes / sample)": C * 3 * 2 * n_pool * D,
+            "kernel from J": 2 * n_pool ** 2 * C * D, "J^T R from J": 2 * n_pool * C * D}
+
+
+def flops_spark_responder(n: int, k: int, weights: int, groups_factor: float = 1.0) -> dict[str, float]:
+    return {"X P1 (weight-independent)": groups_factor * 2 * n * D_IN * H * k,
+            "J P per weight vector": weights * (2 * n * C * H * k + 2 * n * H * C * k + 2 * n * C * H * k)}
+
+
+def flops_spark_requester(n_pool: int, k: int, tau: int, substeps: int = 1) -> dict[str, float]:
+    return {"projected kernel": 2 * n_pool ** 2 * C * k * 5 / 8,
+            "evolution (RK4)": tau * substeps * 4 * 2 * n_pool ** 2 * C, "Jt^T R": 2 * n_pool * C * k}
+
+
+def flops_spark_naive(n: int, k: int) -> dict[str, float]:
+    return {"build J": C * 3 * 2 * n * D, "J @ P (materialised)": 2 * n * C * D * k}
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    from lowband.data.sources import load_dataset
+
+    ds = load_dataset("fashion_mnist", os.environ.get("LOWBAND_DATA"))
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(ds.train_y.shape[0], generator=g)[:n]
+    return ds.train_x[idx], ds.train_y[idx]
+
+
+def model_and_weights(count: int):
+    torch.manual_seed(0)
+    m = build_model("mlp", num_classes=C, input_shape=(1, 28, 28)).eval()
+    base = {k: v.detach().clone() for k, v in m.named_parameters()}
+    ws = [base] + [{k: v + 0.01 * torch.randn_like(v) for k, v in base.items()} for _ in range(count - 1)]
+    return m, ws
+
+
+def bench_ntk_requester(n_pool: int, tau: int) -> dict[str, float]:
+    x, y = data(n_pool)
+    m, (w,) = model_and_weights(1)
+    yh = torch.nn.functional.one_hot(y, C).float()
+    out = {}
+    out["kernel (closed form)"], k = timeit(lambda: ntk.trace_kernel_mlp(w, x), 2)
+    f0 = ntk.logits(m, w, x)
+    sub = ntk.auto_substeps(k, n_pool, 0.01)
+    out["evolution (RK4)"], fs = timeit(lambda: ntk.evolve_ce(k, f0, yh, 0.01, tau, sub))
+    r = ntk.residuals(fs, yh, [tau])[tau]
+    out["J^T R (backward)"], _ = timeit(lambda: ntk.jt_r(m, w, x, r), 3)
+    out["_substeps"] = sub
+    return out
+
+
+def bench_ntk_naive(n: int) -> float:
+    x, y = data(n)
+    m, (w,) = model_and_weights(1)
+    r = torch.randn(n, C)
+
+    def naive():
+        j = ntk.per_sample_jacobian(m, w, x)
+        kern = torch.einsum("ncd,mcd->nm", j, j) / C
+        g = ntk.jt_r_naive(j, r)
+        return kern, g
+
+    t, _ = timeit(naive, 2)  # the first call pays torch.func's tracing
+    return t
+
+
+def bench_spark(n: int, n_pool: int, k: int, tau: int, weights: int, kind: str) -> tuple[dict, dict, ntk.Projection]:
+    x, y = data(n_pool)
+    m, ws = model_and_weights(weights)
+    t_p, proj = timeit(lambda: ntk.Projection.build(ws[0], k, kind, seed=0))
+    resp = {"build P (once per process)": t_p}
+    resp["J P for all weight vectors"], jts = timeit(lambda: proj.jacobian(m, x[:n], ws))
+    jt = torch.cat([jts[0]] * (n_pool // n) + [jts[0][: n_pool - n * (n_pool // n)]])
+    yh = torch.nn.functional.one_hot(y, C).float()
+    req = {}
+    req["projected kernel"], kern = timeit(lambda: ntk.projected_kernel(jt))
+    f0 = ntk.logits(m, ws[0], x)
+    sub = ntk.auto_substeps(kern, n_pool, 0.01)
+    req["evolution (RK4)"], fs = timeit(lambda: ntk.evolve_ce(kern, f0, yh, 0.01, tau, sub))
+    r = ntk.residuals(fs, yh, [tau])[tau]
+    req["Jt^T R"], _ = timeit(lambda: torch.einsum("nck,nc->k", jt, r), 3)
+    return resp, req, proj
+
+
+def bench_spark_naive(n: int, proj: ntk.Projection) -> float:
+    x, _ = data(n)
+    m, (w,) = model_and_weights(1)
+    pd = proj.dense()
+    t, _ = timeit(lambda: ntk.per_sample_jacobian(m, w, x) @ pd, 2)
+    return t
+
+
+def engine_round(alg: str, threads: int) -> float:
+    """Round 1 of the paper's config through the real engine (no evaluation)."""
+    import tempfile
+
+    from lowband.config import load_experiment
+    from lowband.engine.simulator import Simulation
+
+    cfg = ROOT / "experiments" / "spark" / f"{alg}_a0.1.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        exp = load_experiment(cfg, [f"out_dir=\"{tmp}/r\"", "rounds=1", f"threads={threads}", "eval.at_round0=false",
+                                    "eval.every=1000", "checkpoint_every=0", 'eval.protocols=["consensus"]'])
+        sim = Simulation(exp)
+        t = time.perf_counter()
+        plan = sim.topology.plan(0)
+        sim.executor.init_states(plan)
+        inboxes: dict = {}
+        for step in sim.alg.steps(1, plan):
+            outboxes = sim.executor.run_step(step, 1, plan, inboxes)
+            inboxes = sim.route(1, outboxes)
+        return time.perf_counter() - t
+
+
+def fmt(s: float) -> str:
+    return f"{s:8.2f} s" if s < 600 else f"{s / 60:8.1f} min"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=int, default=1000)
+    ap.add_argument("--tau", type=int, default=100)
+    ap.add_argument("--naive-n", type=int, default=48, help="samples of the naive (materialised) runs")
+    ap.add_argument("--round", action="store_true", help="also time one real engine round of each (minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes: a smoke test, not a measurement")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    nodes, n, n_pool, k, tau = 300, 197, 6 * 197, args.k, args.tau
+    if args.quick:
+        nodes, n, n_pool, k, tau, args.naive_n = 300, 50, 300, 200, 20, 16
+    print(f"threads={args.threads}  load average {os.getloadavg()[0]:.2f}  torch {torch.__version__}")
+    rate = matmul_rate(1024 if args.quick else 2048)
+    print(f"matmul rate (2048^3 fp32): {rate:.1f} GFLOP/s\n")
+
+    # ---- NTK-DFL
+    t_req = bench_ntk_requester(n_pool, tau)
+    sub = t_req.pop("_substeps")
+    f_req = flops_ntk_requester(n_pool, tau, sub)
+    t_node = sum(t_req.values())
+    print(f"NTK-DFL, one requester (N = {n_pool}, tau = {tau}, RK4 substeps = {sub}):")
+    for key, t in t_req.items():
+        print(f"  {key:<34} {fmt(t)}  {f_req[key] / 1e9:9.2f} GFLOP  {f_req[key] / 1e9 / max(t, 1e-9):7.1f} GFLOP/s")
+    naive_t = bench_ntk_naive(args.naive_n)
+    f_naive_small = sum(flops_ntk_naive(args.naive_n).values())
+    f_naive = sum(flops_ntk_naive(n_pool).values())
+    print(f"  round = {nodes} requesters:            {fmt(nodes * t_node)}  {nodes * sum(f_req.values()) / 1e12:7.2f} TFLOP")
+    print(f"  naive materialised, N = {args.naive_n}:       {fmt(naive_t)}  {f_naive_small / 1e9:9.2f} GFLOP")
+    print(f"  naive extrapolated to N = {n_pool}: {fmt(naive_t * f_naive / f_naive_small)} per requester, "
+          f"{fmt(nodes * naive_t * f_naive / f_naive_small)} per round ({nodes * f_naive / 1e15:.2f} PFLOP)\n")
+
+    # ---- SPARK
+    for kind in ("gaussian", "kron"):
+        resp, req, proj = bench_spark(n, n_pool, k, tau, 6, kind)
+        t_build = resp.pop("build P (once per process)")
+        f_resp = sum(flops_spark_responder(n, k, 6).values()) if kind == "gaussian" else \
+            6 * 2 * n * C * (H + 1) * k
+        f_req = flops_spark_requester(n_pool, k, tau)
+        t_resp, t_rq = sum(resp.values()), sum(req.values())
+        print(f"SPARK ({kind} P, k = {k}), build P once: {t_build:.2f} s")
+        print(f"  responder: J P for 6 weight vectors (n = {n}) {fmt(t_resp)}  {f_resp / 1e9:9.2f} GFLOP")
+        for key, t in req.items():
+            print(f"  requester: {key:<24} {fmt(t)}  {f_req[key] / 1e9:9.2f} GFLOP")
+        print(f"  round = {nodes} x (responder + requester): {fmt(nodes * (t_resp + t_rq))}  "
+              f"{nodes * (f_resp + sum(f_req.values())) / 1e12:7.2f} TFLOP")
+        if kind == "gaussian":
+            for factor in (2.0, 2.5):
+                print(f"    with X P1 recomputed {factor}x (requester groups bound the memory): "
+                      f"{fmt(nodes * (t_rq + t_resp + (factor - 1) * t_resp * 0.9))}")
+            naive_s = bench_spark_naive(args.naive_n, proj)
+            f_small = sum(flops_spark_naive(args.naive_n, k).values())
+            f_full = sum(flops_spark_naive(n, k).values()) * 6  # 6 weight vectors per responder
+            print(f"  naive J @ P, n = {args.naive_n}, one weight vector: {fmt(naive_s)}  {f_small / 1e9:9.1f} GFLOP")
+            print(f"  naive extrapolated: {fmt(naive_s * f_full / f_small)} per responder, "
+                  f"{fmt(nodes * naive_s * f_full / f_small)} per round ({nodes * f_full / 1e15:.1f} PFLOP)")
+        print()
+    if args.round:
+        for alg in ("ntk_dfl", "spark"):
+            print(f"engine round 1, {alg} (paper config, {args.threads} threads, no evaluation): "
+                  f"{fmt(engine_round(alg, args.threads))}", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""NTK-DFL (Thompson et al., ICML 2025), and the machinery SPARK shares with it.
+
+One round ``r`` (specs/ntk_dfl_spark.md, "NTK-DFL round r"; every step below runs on one
+node with its own state, data and inbox):
+
+1. ``share``: node i sends its weights ``w_i`` to its neighbours (SPARK: its subspace
+   coordinates ``theta_i``, k floats). With distillation it also computes its own logits
+   ``z_i = f(X_i; w_i)`` on its own data (alg. 1 line 6).
+2. ``request``: node i averages uniformly over its closed neighbourhood,
+   ``w_bar_i = (w_i + sum_j w_j) / (deg + 1)``, keeps it, and sends it to every neighbour
+   as a Jacobian request.
+3. ``reply``: each neighbour j answers each requester i with the Jacobian of its logits on
+   its data at ``w_bar_i`` (``n_j x C x d``; SPARK: ``J P``, ``n_j x C x k``), the logits
+   ``f(X_j; w_bar_i)``, its labels and (distillation) ``z_j``. NTK-DFL's full Jacobian is
+   a *declared* tensor (628 MB per edge at the paper's size: counted, never built) whose
+   equivalent input ``X_j`` travels as an uncounted stand-in; the receiver recomputes the
+   declared content ``J(X_j; w_bar_i)`` implicitly. SPARK's messages are really encoded.
+4. ``update``: node i stacks the ``N`` samples of its neighbourhood, builds the trace
+   kernel ``K = (1/C) sum_c J_c J_c^T`` (``N x N``; closed form for the MLP), evolves
+   ``df/dt = -(1/N) K (softmax(f) - Y)`` from ``f_0 = f(X; w_bar_i)`` on ``t_s = s lr_r``
+   (RK4), forms ``R_tau = sum_{s<tau} softmax(f_{t_s}) - tau Y`` and
+   ``dw_tau = -(lr_r / N) J^T R_tau`` (a backward pass; SPARK: ``-(lr_r/N) Jt^T R``),
+   and keeps the candidate ``tau`` with the smallest cross-entropy on the pooled data.
+   ``lr_r = lr * exp(-lr_decay * (r - 1))`` (1-based rounds).
+5. ``commit``: synchronous: ``w_i <- w_bar_i + dw`` for every node at once (SPARK with
+   momentum: ``v <- mu v + dw``, ``theta <- theta_bar + mu v + dw``).
+
+Steps 3 and 4 may be split into groups of requesters (``reply_groups``) so that at most a
+fraction of the round's Jacobian messages is in memory at once (SPARK at the paper's size
+moves 12 GB of projected Jacobians per round). The split changes nothing in the result
+(a test checks it); it costs recomputation of the weight-independent ``X_j P`` on
+responders whose requesters fall in several groups.
+
+Deliberate choices (docs/algorithms/spark.md): Jacobians at ``w_bar_i`` (reference code);
+the candidate loss of ``tau_select = "true"`` evaluates the network at ``w_bar_i + dw`` on
+the pooled inputs as the reference does (those inputs are the stand-ins of the declared
+Jacobians: the reference's own simplification), ``"evolved"`` uses the evolved
+predictions ``f_tau`` and ``"linear"`` the linearised ones ``f_0 + J dw`` (both
+protocol-faithful); with the default single candidate ``[100]`` the choice does not
+matter. The declared path cannot model a lossy codec's rounding of the Jacobian (the
+receiver computes it in float32): figure 4's codecs are measured with SPARK.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Literal, Optional
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from lowband.algorithms import ntk
+from lowband.algorithms.base import (
+    Algorithm, Envelope, Hyperparams, NodeContext, Outbox, Params, State, Step, register,
+)
+from lowband.comm.message import DeclaredTensor, Message
+from lowband.seeding import np_gen
+from lowband.topology import RoundPlan
+from lowband.train import weighted_average
+
+
+class KernelDFLHP(Hyperparams):
+    """Hyperparameters shared by NTK-DFL and SPARK (defaults: NTK-DFL's reference code)."""
+
+    lr: float = Field(0.01, gt=0, description="eta: learning rate of the kernel evolution (reference: 0.01)")
+    lr_decay: float = Field(0.07, ge=0, description="lr_r = lr * exp(-lr_decay * (r - 1))")
+    taus: list[int] = Field(default_factory=lambda: [100], min_length=1,
+                            description="candidate evolution steps tau (t = tau * lr_r)")
+    tau_select: Literal["true", "evolved", "linear"] = Field(
+        "true", description="candidate loss: true network at w_bar + dw on the pooled inputs (reference), "
+        "evolved predictions f_tau, or linearised f_0 + J dw")
+    ode_substeps: int = Field(0, ge=0, description="RK4 steps per lr interval (0: automatic from lambda_max(K))")
+    projection: Literal["none", "gaussian", "kron"] = Field(
+        "none", description="none = NTK-DFL (full, declared Jacobians); gaussian = SPARK's P ~ N(0, 1/k); "
+        "kron = Kronecker-structured P per weight matrix (beyond the paper)")
+    k: int = Field(1000, ge=1, description="projection dimension")
+    projection_seed: Optional[int] = Field(None, description="seed of P (None: the experiment's seed)")
+    distill: bool = Field(False, description="stage-wise annealed distillation targets (SPARK alg. 2)")
+    distill_warmup: int = Field(3, ge=0, description="R_warm: rounds with hard labels only")
+    distill_rounds: int = Field(30, ge=1, description="R of alg. 2 (the schedule's length)")
+    alpha_init: float = Field(1.0, ge=0, le=1, description="mixing weight of the hard labels after warm-up")
+    alpha_final: float = Field(0.3, ge=0, le=1, description="mixing weight of the hard labels at round R")
+    temp_init: float = Field(1.0, gt=0, description="distillation temperature after warm-up")
+    temp_final: float = Field(3.0, gt=0, description="distillation temperature at round R")
+    momentum: float = Field(0.0, ge=0, lt=1, description="Nesterov momentum mu across rounds (0: off)")
+    sample_fraction: float = Field(1.0, gt=0, le=1, description="fraction of its samples each member uses per round")
+    reply_groups: int = Field(0, ge=0, description="requester groups per round (0: from max_inflight_mb)")
+    max_inflight_mb: float = Field(2000.0, gt=0, description="memory budget of one group's Jacobian messages")
+
+    @model_validator(mode="after")
+    def _check(self) -> "KernelDFLHP":
+        if self.tau_select == "true" and self.projection != "none":
+            raise ValueError("tau_select 'true' needs the neighbours' inputs, which only NTK-DFL's declared "
+                             "Jacobians stand in for; use 'evolved' or 'linear' with a projection")
+        if any(t < 1 for t in self.taus):
+            raise ValueError("taus must be >= 1")
+        return self
+
+
+def _onehot(y: torch.Tensor, c: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(y.long(), c).to(torch.float32)
+
+
+def _label_dtype(c: int) -> torch.dtype:
+    return torch.uint8 if c <= 255 else torch.int64
+
+
+class KernelDFL(Algorithm):
+    """NTK-DFL with SPARK's switches (``projection``, ``distill``, ``momentum``,
+    ``sample_fraction``); see the module docstring."""
+
+    family = "peer"
+    default_protocols = ("consensus", "node_global")
+    default_main = "consensus/acc"
+    Hyperparams = KernelDFLHP
+
+    # -- helpers --------------------------------------------------------------------
+    @property
+    def projected(self) -> bool:
+        return self.hp.projection != "none"
+
+    def _trainable(self, ctx: NodeContext) -> list[str]:
+        return ntk.float_names(ctx.model)
+
+    def _projection(self, ctx: NodeContext) -> ntk.Projection:
+        w0 = ctx.init_params()
+        names = self._trainable(ctx)
+        seed = ctx.seed if self.hp.projection_seed is None else self.hp.projection_seed
+        return ntk.cached_projection({n: w0[n] for n in names}, self.hp.k, self.hp.projection, seed)
+
+    def _weights_of(self, ctx: NodeContext, theta: torch.Tensor) -> Params:
+        """``w0 + P theta`` (buffers, if any, from ``w0``)."""
+        w0 = ctx.init_params()
+        delta = self._projection(ctx).lift(theta)
+        return {n: (v + delta[n]) if n in delta else v for n, v in w0.items()}
+
+    def _sample(self, ctx: NodeContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's (possibly subsampled) training data of the node."""
+        x, y = ctx.data.train_x, ctx.data.train_y
+        f = self.hp.sample_fraction
+        n = int(y.shape[0])
+        if f >= 1.0 or n == 0:
+            return x, y
+        m = max(1, int(math.ceil(f * n)))
+        idx = torch.randperm(n, generator=ctx.rng("sample"))[:m].sort().values
+        return x[idx], y[idx]
+
+    def lr_at(self, round: int) -> float:
+        return self.hp.lr * math.exp(-self.hp.lr_decay * (round - 1))
+
+    # -- state ----------------------------------------------------------------------
+    def init_node(self, ctx: NodeContext) -> State:
+        st: State = {"params": ctx.init_params()}
+        if self.projected:
+            st["theta"] = torch.zeros(self.hp.k)
+        if self.hp.momentum > 0:
+            st["v"] = torch.zeros(self.hp.k) if self.projected else {
+                n: torch.zeros_like(st["params"][n]) for n in self._trainable(ctx)}
+        return st
+
+    # -- orchestration ----------------------------------------------------------------
+    def num_groups(self, plan: RoundPlan) -> int:
+        n = len(plan.participants)
+        if self.hp.reply_groups:
+            return max(1, min(self.hp.reply_groups, n))
+        if not self.projected:
+            return 1
+        edges = sum(len(v) for v in plan.neighbors.values())
+        # an estimate: ~200 samples x 10 classes per reply (the paper's setting)
+        est = edges * 200 * 10 * self.hp.k * 4 * self.hp.sample_fraction
+        return max(1, min(n, int(math.ceil(est / (self.hp.max_inflight_mb * 1e6)))))
+
+    def steps(self, round: int, plan: RoundPlan) -> list[Step]:
+        nodes = list(plan.participants)
+        groups = requester_groups(plan, self.num_groups(plan), round)
+        out = [Step("share", nodes, self.share), Step("request", nodes, self.request)]
+        for g, members in enumerate(groups):
+            out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0)))
+            out.append(Step(f"update{g}", members, self.update))
+        out.append(Step("commit", nodes, self.commit))
+        return out
+
+    # -- step 1: share weights (or coordinates) ---------------------------------------
+    def share(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        out = Outbox()
+        if self.projected:
+            out.broadcast(ctx.neighbors, Message("coords", {"theta": state["theta"]}))
+        else:
+            out.broadcast(ctx.neighbors, Message("weights", dict(state["params"])))
+        new = dict(state)
+        if self.hp.distill:
+            ctx.model.eval()
+            x, _ = self._sample(ctx)
+            new["own_z"] = ntk.logits(ctx.model, state["params"], x)
+        return new, out
+
+    # -- step 2: average, request Jacobians at the average -----------------------------
+    def request(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        new = dict(state)
+        if self.projected:
+            thetas = [state["theta"]] + [e.msg.tensors["theta"] for e in inbox if e.msg.kind == "coords"]
+            tbar = torch.stack(thetas).mean(0)
+            new["thetabar"] = tbar
+            new["wbar"] = self._weights_of(ctx, tbar)
+            msg = Message("request", {"theta": tbar})
+        else:
+            models = [state["params"]] + [e.msg.tensors for e in inbox if e.msg.kind == "weights"]
+            new["wbar"] = weighted_average(models)
+            msg = Message("request", dict(new["wbar"]))
+        return new, Outbox().broadcast(ctx.neighbors, msg)
+
+    # -- step 3: answer the requests of one group -------------------------------------
+    def reply(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
+              first: bool) -> tuple[State, Outbox]:
+        new = dict(state)
+        if first:
+            new["requests"] = {e.src: e.msg.tensors for e in inbox if e.msg.kind == "request"}
+        reqs = [(s, t) for s, t in sorted(new["requests"].items()) if s in group]
+        me = ctx.node in group
+        out = Outbox()
+        if not reqs and not me:
+            return new, out
+        ctx.model.eval()
+        x, y = self._sample(ctx)
+        weights = [(self._weights_of(ctx, t["theta"]) if self.projected else t) for _, t in reqs]
+        if me:
+            weights.append(state["wbar"])
+        f0s = [ntk.logits(ctx.model, w, x) for w in weights]
+        jts = self._projection(ctx).jacobian(ctx.model, x, weights) if self.projected else [None] * len(weights)
+        c = ctx.num_classes
+        labels = y.to(_label_dtype(c))
+        d = sum(int(state["params"][n].numel()) for n in self._trainable(ctx))
+        z = state.get("own_z")
+        for (src, _), f0, jt in zip(reqs, f0s, jts):
+            lg = {"f0": f0, "y": labels}
+            if z is not None:
+                lg["z"] = z
+            out.send(src, Message("logits", lg))
+            if jt is not None:
+                out.send(src, Message("jacobian", {"jac": jt}))
+            else:
+                out.send(src, Message("jacobian", declared={"jac": DeclaredTensor((int(x.shape[0]), c, d))},
+                                      stand_in={"x": x}))
+        if me:
+            new["self_reply"] = {"f0": f0s[-1], "y": labels, "x": x, "jac": jts[-1], "z": z}
+        return new, out
+
+    # -- step 4: kernel, evolution, update ----------------------------------------------
+    def update(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        hp = self.hp
+        ctx.model.eval()
+        c = ctx.num_classes
+        members: dict[int, dict[str, Any]] = {}
+        for e in inbox:
+            slot = members.setdefault(e.src, {})
+            if e.msg.kind == "logits":
+                slot.update(e.msg.tensors)
+            elif e.msg.kind == "jacobian":
+                slot["jac"] = e.msg.tensors.get("jac")
+                slot["x"] = e.msg.stand_in.get("x")
+        own = state["self_reply"]
+        order = [own] + [members[s] for s in sorted(members)]
+        f0 = torch.cat([m["f0"] for m in order])
+        yh = _onehot(torch.cat([m["y"] for m in order]), c)
+        n = int(f0.shape[0])
+        lr = self.lr_at(ctx.round)
+        z = torch.cat([m["z"] for m in order]) if hp.distill else None
+        alpha, temp = ntk.distill_schedule(ctx.round, hp.distill_warmup, hp.distill_rounds, hp.alpha_init,
+                                           hp.alpha_final, hp.temp_init, hp.temp_final)
+        yt = ntk.distill_target(yh, z, alpha, temp)
+        wbar = state["wbar"]
+        names = self._trainable(ctx)
+        if self.projected:
+            jt = torch.cat([m["jac"] for m in order])
+            kern = ntk.projected_kernel(jt)
+            x = None
+        else:
+            x = torch.cat([m["x"] for m in order])
+            kern = ntk.trace_kernel(ctx.model, wbar, x)
+        fs = ntk.evolve_ce(kern, f0, yt, lr, max(hp.taus), hp.ode_substeps)
+        rs = ntk.residuals(fs, yt, hp.taus)
+        best: tuple[float, Any, int] | None = None
+        for tau in hp.taus:
+            if self.projected:
+                delta = -(lr / n) * torch.einsum("nck,nc->k", jt, rs[tau])
+            else:
+                g = ntk.jt_r(ctx.model, wbar, x, rs[tau])
+                delta = {k: -(lr / n) * g[k] for k in names}
+            if len(hp.taus) == 1:
+                best = (0.0, delta, tau)
+                break
+            if hp.tau_select == "evolved":
+                loss = ntk.cross_entropy_soft(fs[tau], yh)
+            elif hp.tau_select == "linear":
+                fl = f0 + (torch.einsum("nck,k->nc", jt, delta) if self.projected
+                           else ntk.j_v(ctx.model, {k: wbar[k] for k in names}, x, delta))
+                loss = ntk.cross_entropy_soft(fl, yh)
+            else:
+                cand = {k: (v + delta[k]) if k in delta else v for k, v in wbar.items()}
+                loss = ntk.cross_entropy_soft(ntk.logits(ctx.model, cand, x), yh)
+            if best is None or loss < best[0]:
+                best = (loss, delta, tau)
+        assert best is not None
+        _, delta, tau = best
+        new = dict(state)
+        mu = hp.momentum
+        if self.projected:
+            if mu > 0:
+                v = mu * state["v"] + delta
+                new["next_v"] = v
+                step = mu * v + delta
+            else:
+                step = delta
+            new["next_theta"] = state["thetabar"] + step
+        else:
+            if mu > 0:
+                v = {k: mu * state["v"][k] + delta[k] for k in names}
+                new["next_v"] = v
+                step = {k: mu * v[k] + delta[k] for k in names}
+            else:
+                step = delta
+            new["next_params"] = {k: (w + step[k]) if k in step else w.clone() for k, w in wbar.items()}
+        new["tau"] = int(tau)
+        return new, Outbox()
+
+    # -- step 5: synchronous commit ---------------------------------------------------------
+    def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        new: State = {}
+        if self.projected:
+            new["theta"] = state["next_theta"]
+            new["params"] = self._weights_of(ctx, new["theta"])
+        else:
+            new["params"] = state["next_params"]
+        if self.hp.momentum > 0:
+            new["v"] = state["next_v"]
+        return new, Outbox()
+
+
+def requester_groups(plan: RoundPlan, groups: int, round: int, sweeps: int = 30) -> list[list[int]]:
+    """Split the round's nodes into ``groups`` balanced groups of requesters.
+
+    A node answers the requesters of every group its closed neighbourhood meets, and
+    recomputes its weight-independent ``X P`` product once per such group; a short
+    swap search (deterministic, seeded by the round) lowers that count below a random
+    split's. Orchestration only: node ids and the graph, never a node's state.
+    """
+    nodes = list(plan.participants)
+    if groups <= 1 or len(nodes) <= 1:
+        return [nodes]
+    rng = np_gen(0, "ntk-groups", round)
+    perm = [nodes[i] for i in rng.permutation(len(nodes))]
+    g = {v: i % groups for i, v in enumerate(perm)}
+    closed = {v: [v, *plan.neighbors.get(v, ())] for v in nodes}
+    touch: dict[int, list[int]] = {v: [] for v in nodes}  # u -> nodes whose closed nbhd holds u
+    for v in nodes:
+        for u in closed[v]:
+            if u in touch:
+                touch[u].append(v)
+    cnt = {v: np.bincount([g[u] for u in closed[v] if u in g], minlength=groups) for v in nodes}
+
+    def cost_of(vs: set) -> int:
+        return sum(int((cnt[v] > 0).sum()) for v in vs)
+
+    for _ in range(sweeps * len(nodes)):
+        a, b = rng.integers(len(nodes), size=2)
+        a, b = nodes[a], nodes[b]
+        ga, gb = g[a], g[b]
+        if ga == gb:
+            continue
+        aff = set(touch[a]) | set(touch[b])
+        before = cost_of(aff)
+        for v in touch[a]:
+            cnt[v][ga] -= 1
+            cnt[v][gb] += 1
+        for v in touch[b]:
+            cnt[v][gb] -= 1
+            cnt[v][ga] += 1
+        if cost_of(aff) <= before:
+            g[a], g[b] = gb, ga
+        else:
+            for v in touch[a]:
+                cnt[v][gb] -= 1
+                cnt[v][ga] += 1
+            for v in touch[b]:
+                cnt[v][ga] -= 1
+                cnt[v][gb] += 1
+    return [sorted(v for v in nodes if g[v] == i) for i in range(groups)]
+
+
+@register
+class NTKDFL(KernelDFL):
+    """NTK-DFL: full Jacobians (declared), trace kernel, CE evolution, tau selection."""
+
+    name = "ntk_dfl"
+    paper = "Thompson et al., NTK-DFL: Enhancing Decentralized Federated Learning in Heterogeneous Settings via NTK, ICML 2025"
+    Hyperparams = KernelDFLHP

@@ -1,0 +1,168 @@
+"""SPARK: the projection, its structured products, the subspace round, distillation,
+momentum, data sampling, codecs on the Jacobian payload, and the byte counts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lowband.algorithms import ntk
+from lowband.config import validate
+from lowband.engine.simulator import Simulation
+from test_ntk import _cfg, _full_jacobian, _mlp, _params, naive_round
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "kron"])
+def test_structured_projected_jacobian_equals_j_times_p(kind: str) -> None:
+    m = _mlp(hidden=6, classes=3)
+    ps = [_params(m), {k: v + 0.3 * torch.randn_like(v) for k, v in _params(m).items()}]
+    x = torch.randn(10, 1, 5, 5)
+    proj = ntk.Projection.build(ps[0], 12, kind, seed=5)
+    dense = proj.dense()
+    assert dense.shape == (proj.d, 12)
+    fast = proj.jacobian(m, x, ps, chunk=3)  # X P1 shared by both weight vectors
+    for p, jt in zip(ps, fast):
+        naive = _full_jacobian(m, p, x) @ dense
+        torch.testing.assert_close(jt, naive, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(proj.jacobian_generic(m, p, x, chunk=4), naive, rtol=1e-5, atol=1e-5)
+    theta = torch.randn(12)
+    lifted = proj.lift(theta)
+    torch.testing.assert_close(torch.cat([lifted[k].reshape(-1) for k in proj.names]), dense @ theta,
+                               rtol=1e-5, atol=1e-6)
+    g = {k: torch.randn(s) for k, s in zip(proj.names, proj.shapes)}
+    torch.testing.assert_close(proj.project(g), dense.t() @ torch.cat([g[k].reshape(-1) for k in proj.names]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_projection_is_seeded_per_layer_and_scaled() -> None:
+    p = _params(_mlp(hidden=40, classes=10))
+    a = ntk.Projection.build(p, 50, "gaussian", seed=1).dense()
+    b = ntk.Projection.build(p, 50, "gaussian", seed=1).dense()
+    c = ntk.Projection.build(p, 50, "gaussian", seed=2).dense()
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    # entries N(0, 1/k): E[P P^T] = I
+    assert abs(float(a.var()) * 50 - 1.0) < 0.05
+    # one layer's block does not depend on the others (seeded by its own name)
+    q = {"fc1.weight": p["fc1.weight"], "fc1.bias": p["fc1.bias"]}
+    a1 = ntk.Projection.build(q, 50, "gaussian", seed=1).dense()
+    assert torch.equal(a1, a[: a1.shape[0]])
+    kr = ntk.Projection.build(p, 50, "kron", seed=1)
+    assert abs(float(kr.dense().var()) * 50 - 1.0) < 0.1
+
+
+def test_generic_projected_jacobian_on_a_deeper_model() -> None:
+    m = _mlp(deep=True)
+    p = _params(m)
+    x = torch.randn(6, 1, 5, 5)
+    proj = ntk.Projection.build(p, 9, "gaussian", seed=0)
+    torch.testing.assert_close(proj.jacobian(m, x, [p])[0], _full_jacobian(m, p, x) @ proj.dense(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_distillation_schedule() -> None:
+    sch = lambda r: ntk.distill_schedule(r, 3, 23, 1.0, 0.3, 1.0, 3.0)  # noqa: E731
+    assert sch(1) == (1.0, 1.0) and sch(3) == (1.0, 1.0)
+    a, t = sch(13)  # p = 0.5
+    assert math.isclose(a, 0.65) and math.isclose(t, 2.0)
+    a, t = sch(23)
+    assert math.isclose(a, 0.3) and math.isclose(t, 3.0)
+    assert sch(40) == sch(23)  # p clipped after R
+    y = torch.nn.functional.one_hot(torch.tensor([1, 0]), 3).float()
+    z = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+    tgt = ntk.distill_target(y, z, 0.65, 2.0)
+    torch.testing.assert_close(tgt, 0.65 * y + 0.35 * torch.softmax(z / 2.0, 1))
+    torch.testing.assert_close(tgt.sum(1), torch.ones(2))
+
+
+SPARK_HP = {"k": 40, "lr": 0.05, "taus": [2, 6], "distill_warmup": 0, "distill_rounds": 4}
+
+
+@pytest.mark.parametrize("projection", ["gaussian", "kron"])
+def test_spark_round_equals_naive_materialised(tmp_path: Path, projection: str) -> None:
+    hp = {**SPARK_HP, "projection": projection}
+    one = Simulation(validate(_cfg(tmp_path, "spark", 1, **hp)))
+    one.run()
+    two = Simulation(validate(_cfg(tmp_path, "spark", 2, **hp)))
+    two.run()
+    w0 = one.executor.context(0, 0, one.topology.plan(0)).init_params()
+    proj = two.alg._projection(two.executor.context(0, 2, two.topology.plan(1)))
+    assert proj.kind == projection
+    expect = naive_round(one.executor.states, one, 2, two.alg.hp, projected=True, p_dense=proj.dense(), w0=w0)
+    for i, st in expect.items():
+        got = two.executor.states[i]
+        torch.testing.assert_close(got["theta"], st["theta"], rtol=2e-4, atol=2e-5)
+        torch.testing.assert_close(got["v"], st["v"], rtol=2e-4, atol=2e-5)
+        for k, v in st["params"].items():
+            torch.testing.assert_close(got["params"][k], v, rtol=2e-4, atol=2e-5)
+
+
+def test_groups_change_nothing_and_messages_are_really_encoded(tmp_path: Path) -> None:
+    runs = {}
+    for groups in (1, 3):
+        cfg = _cfg(tmp_path / f"g{groups}", "spark", 2, **SPARK_HP, reply_groups=groups)
+        runs[groups] = Simulation(validate(cfg))
+        runs[groups].run()
+    for i in range(6):
+        assert torch.equal(runs[1].executor.states[i]["theta"], runs[3].executor.states[i]["theta"])
+    sim = runs[3]
+    byk = sim.ledger.by_kind(round=2)
+    assert all(v["declared"] == 0 for v in byk.values())
+    plan = sim.topology.plan(1)
+    edges = sum(len(v) for v in plan.neighbors.values())
+    rows = sum(sim.fed.nodes[j].n_train * len(plan.neighbors[j]) for j in range(6))
+    k, c = SPARK_HP["k"], 10
+    payload = rows * c * k * 4
+    assert payload < byk["jacobian"]["encoded"] < payload + 300 * edges
+    assert 4 * k * edges < byk["coords"]["encoded"] < (4 * k + 300) * edges
+    assert 4 * k * edges < byk["request"]["encoded"] < (4 * k + 300) * edges
+    # logits f(X_j; w_bar_i) and z_j (C floats each) plus one-byte labels per sample
+    assert rows * (2 * c * 4 + 1) < byk["logits"]["encoded"] < rows * (2 * c * 4 + 1) + 300 * edges
+    # nothing else travels (the projection is rebuilt from the seed on every node)
+    assert set(byk) == {"coords", "request", "logits", "jacobian"}
+
+
+def test_fp16_codec_on_the_jacobian_halves_it_and_changes_the_update(tmp_path: Path) -> None:
+    base = _cfg(tmp_path / "a", "spark", 2, **SPARK_HP)
+    half = _cfg(tmp_path / "b", "spark", 2, **SPARK_HP)
+    half["comm"] = {"by_kind": {"jacobian": "fp16"}}
+    a, b = Simulation(validate(base)), Simulation(validate(half))
+    a.run()
+    b.run()
+    ja, jb = a.ledger.totals(round=2, kind="jacobian")[0], b.ledger.totals(round=2, kind="jacobian")[0]
+    assert 0.49 < jb / ja < 0.52
+    assert a.ledger.totals(round=2, kind="logits") == b.ledger.totals(round=2, kind="logits")
+    da = a.executor.states[0]["theta"]
+    db = b.executor.states[0]["theta"]
+    assert not torch.equal(da, db)  # the receiver used the fp16-rounded Jacobians
+    assert float((da - db).norm() / da.norm()) < 1e-2
+
+
+def test_sampling_shrinks_the_messages(tmp_path: Path) -> None:
+    full = Simulation(validate(_cfg(tmp_path / "f", "spark", 1, **SPARK_HP)))
+    half = Simulation(validate(_cfg(tmp_path / "h", "spark", 1, **SPARK_HP, sample_fraction=0.45)))
+    full.run()
+    half.run()
+    r = half.ledger.totals(round=1, kind="jacobian")[0] / full.ledger.totals(round=1, kind="jacobian")[0]
+    assert 0.43 < r < 0.50
+
+
+def test_variants_are_switches(tmp_path: Path) -> None:
+    from lowband.algorithms import ALGORITHMS
+
+    hp = ALGORITHMS["spark"].Hyperparams()
+    assert (hp.projection, hp.k, hp.distill, hp.momentum) == ("gaussian", 1000, True, 0.9)
+    assert (hp.distill_warmup, hp.alpha_init, hp.alpha_final, hp.temp_init, hp.temp_final) == (3, 1.0, 0.3, 1.0, 3.0)
+    ntk_hp = ALGORITHMS["ntk_dfl"].Hyperparams()
+    assert (ntk_hp.projection, ntk_hp.distill, ntk_hp.momentum, ntk_hp.taus, ntk_hp.lr) == ("none", False, 0.0, [100], 0.01)
+    with pytest.raises(Exception, match="tau_select 'true'"):
+        validate(_cfg(tmp_path, "spark", 1, tau_select="true"))
+    # variant A (projection only) keeps no momentum buffer and sends no own logits
+    a = Simulation(validate(_cfg(tmp_path / "A", "spark", 1, **SPARK_HP, distill=False, momentum=0.0)))
+    a.run()
+    assert "v" not in a.executor.states[0]
+    with_z = Simulation(validate(_cfg(tmp_path / "S", "spark", 1, **SPARK_HP)))
+    with_z.run()
+    assert a.ledger.totals(kind="logits")[0] < with_z.ledger.totals(kind="logits")[0]
