@@ -45,6 +45,7 @@ _ALLOWED_GLOBALS = {
     ("numpy", "dtype"),
     ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),  # how Python 3 writes bytes in a protocol-2 pickle; harmless
 }
 
 

@@ -298,7 +298,7 @@ def plot_partition(counts: np.ndarray, path: str | Path, title: str = "") -> Pat
         ax.set_xlabel("samples")
         ax.set_ylabel("client")
         if n_classes <= 20:
-            ax.legend(title="class", fontsize="small", loc="lower right", ncol=2)
+            ax.legend(title="class", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
         fig.colorbar(im, ax=ax, label="samples")
