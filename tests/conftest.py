@@ -24,6 +24,7 @@ def digits_config(tmp_path: Path, algorithm: str = "fedavg", rounds: int = 3, **
         "name": f"t-{algorithm}",
         "seed": 1,
         "rounds": rounds,
+        "threads": 1,  # float reductions depend on the thread count: pin it so runs compare
         "out_dir": str(tmp_path / f"run-{algorithm}"),
         "data": {"dataset": "digits", "num_clients": 8, "partition": "dirichlet", "alpha": 0.5, "min_size": 20,
                  "split": [0.75, 0.0, 0.25]},

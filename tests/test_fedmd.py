@@ -70,3 +70,22 @@ def test_fedmd_end_to_end(tmp_path: Path) -> None:
         assert f"alg/{key}" in last
     assert 0 <= last["alg/teacher_entropy"] <= np.log(c) + 1e-9
     assert last["node_global/acc"] > 0.3  # transfer learning + collaboration learn something
+
+
+def test_fedmd_resume_is_identical(tmp_path: Path) -> None:
+    full = Simulation(validate(_fedmd_cfg(tmp_path / "full", rounds=3))).run()
+    cfg = _fedmd_cfg(tmp_path / "cut", rounds=3)
+
+    class Kill(Exception):
+        pass
+
+    def boom(r: int, total: int, rec: dict) -> None:
+        if r == 2:
+            raise Kill
+
+    try:
+        Simulation(validate(cfg), progress=boom).run()
+    except Kill:
+        pass
+    resumed = Simulation(validate(cfg), resume=True).run()
+    assert (Path(full.run_dir) / "metrics.jsonl").read_text() == (Path(resumed.run_dir) / "metrics.jsonl").read_text()

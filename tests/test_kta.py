@@ -226,3 +226,22 @@ def test_public_source_in_config(tmp_path: Path) -> None:
     cfg["data"]["public_source"] = "validation"
     with pytest.raises(ConfigError, match="data.public_source"):
         validate(cfg)
+
+
+class _Kill(Exception):
+    pass
+
+
+def test_kta_resume_is_identical(tmp_path: Path) -> None:
+    full = Simulation(validate(_kta_cfg(tmp_path / "full", rounds=3))).run()
+    cfg = _kta_cfg(tmp_path / "cut", rounds=3)
+
+    def boom(r: int, total: int, rec: dict) -> None:
+        if r == 2:
+            raise _Kill
+
+    with pytest.raises(_Kill):
+        Simulation(validate(cfg), progress=boom).run()
+    resumed = Simulation(validate(cfg), resume=True).run()
+    a = (Path(full.run_dir) / "metrics.jsonl").read_text()
+    assert a == (Path(resumed.run_dir) / "metrics.jsonl").read_text() and "alg/w_max" in a

@@ -26,7 +26,12 @@ def ray_runtime():
         pytest.skip("the Ray executor needs the extra: pip install 'lowband[ray]'")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # CI machines are shared: Ray's memory monitor kills workers when the *machine* is
+        # above 95% memory, whoever uses it; these workers need ~0.2 GB each
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("RAY_memory_monitor_refresh_ms", "0")
+            mp.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
@@ -79,27 +84,20 @@ def test_ray_matches_serial(tmp_path: Path, ray_runtime, algorithm: str) -> None
     assert len(ms.splitlines()) == 4 and ms == mr
     _same_ledger(serial, par)
     _same_states(serial.executor.states, par.executor.states)
+    if algorithm != "fedavg":
+        return
 
+    # checkpoints: gathered from the shards and scattered back (what --resume does)
+    sd = par.executor.state_dict()
+    assert list(sd) == list(serial.executor.state_dict())
+    par.executor.load_state_dict(sd)
+    _same_states(serial.executor.states, par.executor.states)
 
-@needs_ray
-def test_ray_resume_and_plain_protocol(tmp_path: Path, ray_runtime) -> None:
-    """A Ray run cut after round 2 and resumed equals an uninterrupted serial run (the
-    checkpoint gathers and scatters the shards); the plain run_step/map_nodes protocol
-    (messages routed by the caller) gives the serial outboxes."""
-    ref = _run(digits_config(tmp_path / "ref", "fedprox", rounds=3))
-    cfg = digits_config(tmp_path / "cut", "fedprox", rounds=2)
-    cfg.update(executor="ray", ray_workers=2)
-    _run(cfg)
-    cfg["rounds"] = 3
-    resumed = _run(cfg, resume=True)
-    a = (Path(ref.result.run_dir) / "metrics.jsonl").read_text()
-    b = (Path(resumed.result.run_dir) / "metrics.jsonl").read_text()
-    assert a == b
-
-    # one round by hand through run_step + Simulation.route, on both executors
-    r, plan = 4, ref.topology.plan(3)
+    # the plain protocol (run_step + map_nodes, messages routed by the caller): one more
+    # round by hand on both executors gives the same outboxes and states
+    r, plan = 4, serial.topology.plan(3)
     outs = []
-    for sim in (ref, resumed):
+    for sim in (serial, par):
         inboxes: dict = {}
         for step in sim.alg.steps(r, plan):
             out = sim.executor.run_step(step, r, plan, inboxes)
@@ -109,10 +107,12 @@ def test_ray_resume_and_plain_protocol(tmp_path: Path, ray_runtime) -> None:
     for x, y in zip(outs[:half], outs[half:]):
         assert list(x) == list(y)
         for node in x:
+            assert len(x[node].items) == len(y[node].items)
             for (d1, m1), (d2, m2) in zip(x[node].items, y[node].items):
                 assert d1 == d2 and m1.kind == m2.kind and m1.meta == m2.meta
                 assert all(torch.equal(m1.tensors[k], m2.tensors[k]) for k in m1.tensors)
-    _same_states(ref.executor.states, resumed.executor.states)
+    _same_states(serial.executor.states, par.executor.states)
+    assert serial.evaluator(r, plan) == par.evaluator(r, plan)
 
 
 def test_ray_config_keys_are_validated() -> None:

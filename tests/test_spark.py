@@ -15,12 +15,12 @@ from lowband.engine.simulator import Simulation
 from test_ntk import _cfg, _full_jacobian, _mlp, _params, naive_round
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "kron"])
-def test_structured_projected_jacobian_equals_j_times_p(kind: str) -> None:
+@pytest.mark.parametrize("kind,terms", [("gaussian", 1), ("kron", 1), ("kron", 3)])
+def test_structured_projected_jacobian_equals_j_times_p(kind: str, terms: int) -> None:
     m = _mlp(hidden=6, classes=3)
     ps = [_params(m), {k: v + 0.3 * torch.randn_like(v) for k, v in _params(m).items()}]
     x = torch.randn(10, 1, 5, 5)
-    proj = ntk.Projection.build(ps[0], 12, kind, seed=5)
+    proj = ntk.Projection.build(ps[0], 12, kind, seed=5, terms=terms)
     dense = proj.dense()
     assert dense.shape == (proj.d, 12)
     fast = proj.jacobian(m, x, ps, chunk=3)  # X P1 shared by both weight vectors
@@ -49,8 +49,9 @@ def test_projection_is_seeded_per_layer_and_scaled() -> None:
     q = {"fc1.weight": p["fc1.weight"], "fc1.bias": p["fc1.bias"]}
     a1 = ntk.Projection.build(q, 50, "gaussian", seed=1).dense()
     assert torch.equal(a1, a[: a1.shape[0]])
-    kr = ntk.Projection.build(p, 50, "kron", seed=1)
-    assert abs(float(kr.dense().var()) * 50 - 1.0) < 0.1
+    for terms in (1, 4):
+        kr = ntk.Projection.build(p, 50, "kron", seed=1, terms=terms)
+        assert abs(float(kr.dense().var()) * 50 - 1.0) < 0.15
 
 
 def test_generic_projected_jacobian_on_a_deeper_model() -> None:
@@ -101,12 +102,16 @@ def test_spark_round_equals_naive_materialised(tmp_path: Path, projection: str) 
 
 def test_groups_change_nothing_and_messages_are_really_encoded(tmp_path: Path) -> None:
     runs = {}
-    for groups in (1, 3):
-        cfg = _cfg(tmp_path / f"g{groups}", "spark", 2, **SPARK_HP, reply_groups=groups)
+    scratch = tmp_path / "scratch"
+    for groups in (1, 3, "3s"):
+        extra = {"scratch_dir": str(scratch)} if groups == "3s" else {}
+        cfg = _cfg(tmp_path / f"g{groups}", "spark", 2, **SPARK_HP, reply_groups=int(str(groups)[0]), **extra)
         runs[groups] = Simulation(validate(cfg))
         runs[groups].run()
     for i in range(6):
         assert torch.equal(runs[1].executor.states[i]["theta"], runs[3].executor.states[i]["theta"])
+        assert torch.equal(runs[1].executor.states[i]["theta"], runs["3s"].executor.states[i]["theta"])
+    assert scratch.is_dir() and not any(scratch.iterdir())  # X P kept between groups, then removed
     sim = runs[3]
     byk = sim.ledger.by_kind(round=2)
     assert all(v["declared"] == 0 for v in byk.values())

@@ -197,10 +197,6 @@ def _drop_none(d: Any) -> Any:
     return d
 
 
-def _loc(err: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int) or True)
-
-
 def _format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err.get("loc", ()))

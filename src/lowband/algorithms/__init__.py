@@ -28,5 +28,7 @@ from lowband.algorithms import kta as _kta  # noqa: F401,E402
 from lowband.algorithms import fedmd as _fedmd  # noqa: F401,E402
 from lowband.algorithms import fol as _fol  # noqa: F401,E402
 from lowband.algorithms import oneshot as _oneshot  # noqa: F401,E402
+from lowband.algorithms import dense as _dense  # noqa: F401,E402
+from lowband.algorithms import coboost as _coboost  # noqa: F401,E402
 
 __all__ = ["ALGORITHMS", "Algorithm", "register"]

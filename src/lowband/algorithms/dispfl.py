@@ -8,7 +8,7 @@ node) and a weight vector that is zero outside it. One round:
 1. ``train_send``: SGD on the node's own data with the mask applied after every step
    (lr 0.1 * 0.998^(r-1), batch 10, 10 epochs, weight decay 5e-4, gradient-norm clip 10);
    then the mask evolves: in each sparse layer the ``ceil(q * kept)`` smallest-magnitude
-   kept weights are pruned, with ``q = 0.5/2 (1 + cos(pi r / R))`` (cosine-annealed), and
+   kept weights are pruned, with ``q = 0.5/2 (1 + cos(pi (r-1) / R))`` (cosine-annealed), and
    as many positions are regrown uniformly at random among the unkept ones (the reference
    config's ``dis_gradient_check``: random regrowth); regrown weights start at zero.
    The node sends its neighbours a *sparse* message: for each sparse layer a packed bitmap
@@ -49,7 +49,7 @@ class DisPFLHP(LocalSGD):
     grad_clip: float | None = Field(10.0, gt=0, description="gradient-norm clip")
     density: float = Field(0.5, gt=0, le=1, description="ERK density of the masks (over all parameters)")
     erk_power: float = Field(1.0, gt=0, description="ERK power scale")
-    anneal_factor: float = Field(0.5, ge=0, le=1, description="prune rate q_r = anneal/2 (1 + cos(pi r / R))")
+    anneal_factor: float = Field(0.5, ge=0, le=1, description="prune rate q_r = anneal/2 (1 + cos(pi (r-1) / R))")
     anneal_rounds: int = Field(200, ge=1, description="R of the cosine annealing (the run's length)")
 
 
@@ -114,7 +114,8 @@ class DisPFL(GossipAlgorithm):
         return {"params": w, "masks": masks}
 
     def prune_rate(self, round: int) -> float:
-        return self.hp.anneal_factor / 2 * (1 + math.cos(round * math.pi / self.hp.anneal_rounds))
+        """``anneal/2 (1 + cos(pi t / R))`` with ``t = round - 1`` (DisPFL counts rounds from 0)."""
+        return self.hp.anneal_factor / 2 * (1 + math.cos((round - 1) * math.pi / self.hp.anneal_rounds))
 
     def _train(self, ctx: NodeContext, params: Params, masks: dict[str, torch.Tensor]) -> Params:
         hp = self.hp

@@ -96,8 +96,9 @@ class FedDBE(FedAvg):
         if round != 1:
             return regular
         if self._num_nodes is None:
-            raise RuntimeError("feddbe: the initialisation period runs in round 1 and needs the server "
-                               "state initialised in this process (start the run from round 0)")
+            raise RuntimeError("feddbe: round 1's initialisation period involves every client and needs their "
+                               "number, recorded when the server state is initialised in this process; run it "
+                               "with the serial executor from round 0")
         everyone = list(range(self._num_nodes))
         return [Step("dbe_warmup", everyone, self.client_warmup),
                 Step("dbe_global_mean", [SERVER], self.server_global_mean),

@@ -51,7 +51,7 @@ from torch import nn
 
 from lowband.algorithms.base import Algorithm, Envelope, Hyperparams, NodeContext, Outbox, State, Step, register
 from lowband.algorithms.fol_prune import (
-    Arch, GraphNet, _infer_shapes, arch_key, count_params, match_layers, prune, prune_groups,
+    Arch, GraphNet, _infer_shapes, arch_key, count_params, effective_gates, match_layers, prune, prune_groups,
     shared_cosine, to_graph, to_native, trace_arch,
 )
 from lowband.comm.message import Message
@@ -65,25 +65,31 @@ PRETRAIN_VERSION = 1
 # --------------------------------------------------------------------------- hyperparameters
 
 
-class OneShotHP(Hyperparams):
-    """Settings shared by FOL and the one-shot FedAvg baseline: pretraining and exchange.
-    Defaults: the paper's CIFAR-10 settings (SGD momentum 0.9, weight decay 1e-3, lr 0.01,
-    batch 128, up to 300 epochs with patience 20)."""
+class PretrainHP(Hyperparams):
+    """Local training settings shared by FOL and its baselines (one-shot FedAvg, DENSE,
+    Co-Boosting: "all baselines follow the same hyperparameter settings"). Defaults: the
+    paper's CIFAR-10 settings (SGD momentum 0.9, weight decay 1e-3, lr 0.01, batch 128, up
+    to 300 epochs with patience 20)."""
 
-    targets: Optional[list[int]] = Field(
-        None, description="clients that run the expensive stages and are reported (None: all)")
     lr: float = Field(0.01, gt=0, description="SGD learning rate of every local training stage")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(1e-3, ge=0, description="SGD weight decay")
     batch_size: int = Field(128, ge=1, description="minibatch size")
     pretrain_epochs: int = Field(300, ge=0, description="maximum pretraining epochs")
     patience: int = Field(20, ge=1, description="early-stopping patience (epochs without a better validation accuracy)")
-    exchange: Literal["all", "targets"] = Field(
-        "all", description="all: every contact moves both models (the full protocol's bytes); "
-        "targets: only models addressed to target clients are sent (a cheaper simulation)")
     pretrain_cache: Optional[str] = Field(
         None, description="folder memoising pretrained models by (data, init, settings, seed); runs that "
         "share it skip identical pretraining (results are unchanged)")
+
+
+class OneShotHP(PretrainHP):
+    """Pretraining plus the contact exchange (FOL and one-shot FedAvg)."""
+
+    targets: Optional[list[int]] = Field(
+        None, description="clients that run the expensive stages and are reported (None: all)")
+    exchange: Literal["all", "targets"] = Field(
+        "all", description="all: every contact moves both models (the full protocol's bytes); "
+        "targets: only models addressed to target clients are sent (a cheaper simulation)")
 
 
 class FOLHP(OneShotHP):
@@ -94,6 +100,8 @@ class FOLHP(OneShotHP):
     prune_epochs: int = Field(30, ge=0, description="epochs of the gated pruning objective (eq. 5)")
     post_finetune_epochs: int = Field(300, ge=0, description="maximum post-pruning fine-tuning epochs (eq. 6), early-stopped")
     distill_epochs: int = Field(300, ge=0, description="maximum distillation epochs (eq. 12), early-stopped")
+    stage_patience: Optional[int] = Field(
+        None, ge=1, description="early-stopping patience of fine-tuning and post-fine-tuning (None: patience)")
     lambda_p: float = Field(0.1, ge=0, description="alignment weight lambda_p (appendix C.2)")
     gamma_shared: float = Field(0.05, ge=0, description="group-lasso weight on shared layers (appendix C.2)")
     gamma_unshared: float = Field(0.02, ge=0, description="group-lasso weight on unshared layers (appendix C.2)")
@@ -172,7 +180,7 @@ def _hash_tensors(*ts: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def pretrain(ctx: NodeContext, hp: OneShotHP, start: Params) -> tuple[Params, dict[str, float]]:
+def pretrain(ctx: NodeContext, hp: PretrainHP, start: Params) -> tuple[Params, dict[str, float]]:
     """Stage 1 (eq. 3): early-stopped local training of ``ctx.model`` from ``start``.
 
     With ``hp.pretrain_cache`` the result is memoised on disk under a hash of everything it
@@ -298,13 +306,17 @@ class FOL(_OneShotBase):
     FOL-N / FOL-AN (align = false)."""
 
     name = "fol"
+    #: received models are rebuilt from their own descriptors (appendix B.1 matching), so
+    #: a federation may mix architectures (``[model] mix``)
+    supports_mixed_models = True
     paper = "Huang & Shu, Federated Oriented Learning: A Practical One-Shot Personalized Federated Learning Framework, ICML 2025"
     Hyperparams = FOLHP
 
     # -- per-model alignment (eq. 4-6) --------------------------------------------------
-    def _train_kw(self) -> dict[str, Any]:
+    def _train_kw(self, stage: bool = False) -> dict[str, Any]:
         hp = self.hp
-        return dict(patience=hp.patience, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+        patience = hp.stage_patience if (stage and hp.stage_patience is not None) else hp.patience
+        return dict(patience=patience, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
                     batch_size=hp.batch_size)
 
     def align(self, ctx: NodeContext, arch: Arch, params: Params, local_arch: Arch, local: Params,
@@ -313,12 +325,19 @@ class FOL(_OneShotBase):
         hp, d = self.hp, ctx.data
         net = GraphNet(arch)
         ft, _ = fit(net, params, d.train_x, d.train_y, d.val_x, d.val_y, epochs=hp.finetune_epochs,
-                    gen=ctx.rng("finetune", src), **self._train_kw())
+                    gen=ctx.rng("finetune", src), **self._train_kw(stage=True))
         gates, gated = self.gate_train(ctx, arch, ft, local_arch, local, src)
         p_arch, p_params, report = prune(arch, gated, gates, hp.prune_threshold)
+        # the equivalence check, on this client's validation inputs: the physically pruned
+        # model and the gated model with the pruned gates at zero give the same logits
+        with torch.no_grad():
+            x = d.val_x[:64] if d.n_val else d.train_x[:64]
+            ref = _build(arch, gated).eval()(x, gates=effective_gates(gates, hp.prune_threshold))
+            got = _build(p_arch, p_params).eval()(x)
+            report["equiv_maxdiff"] = float((ref - got).abs().max()) if x.numel() else 0.0
         net = GraphNet(p_arch)
         post, _ = fit(net, p_params, d.train_x, d.train_y, d.val_x, d.val_y, epochs=hp.post_finetune_epochs,
-                      gen=ctx.rng("postfinetune", src), **self._train_kw())
+                      gen=ctx.rng("postfinetune", src), **self._train_kw(stage=True))
         return p_arch, post, report
 
     def gate_train(self, ctx: NodeContext, arch: Arch, params: Params, local_arch: Arch, local: Params,
@@ -426,11 +445,13 @@ class FOL(_OneShotBase):
             n_arch = read_arch(str(env.msg.meta["arch"]))
             n_params = {k: v.clone() for k, v in env.msg.tensors.items()}
             before = count_params(n_arch)
+            equiv = 0.0
             if hp.align:
-                n_arch, n_params, _ = self.align(ctx, n_arch, n_params, arch, local, env.src)
+                n_arch, n_params, report = self.align(ctx, n_arch, n_params, arch, local, env.src)
+                equiv = report["equiv_maxdiff"]
             score = val_score(_build(n_arch, n_params), d.val_x, d.val_y)[0]
             cands.append({"arch": n_arch, "params": n_params, "score": score, "src": env.src, "round": ctx.round})
-            log.append([float(ctx.round), float(env.src), float(before), float(count_params(n_arch)), score])
+            log.append([float(ctx.round), float(env.src), float(before), float(count_params(n_arch)), score, equiv])
         me = {"arch": copy.deepcopy(arch), "params": {k: v.clone() for k, v in local.items()},
               "score": val_score(_build(arch, local), d.val_x, d.val_y)[0], "src": ctx.node, "round": ctx.round}
         pool = kept + cands + [me]
@@ -466,4 +487,7 @@ class FOL(_OneShotBase):
             out[f"fol/c{k}/params_before_mean"] = sum(r[2] for r in this) / len(this)
             out[f"fol/c{k}/params_after_mean"] = sum(r[3] for r in this) / len(this)
             out[f"fol/c{k}/aligned_val_acc_mean"] = sum(r[4] for r in this) / len(this)
+            out[f"fol/c{k}/params_after_min"] = min(r[3] for r in this)
+            out[f"fol/c{k}/pruned_models"] = float(sum(1 for r in this if r[3] < r[2]))
+            out[f"fol/c{k}/prune_equiv_maxdiff"] = max(r[5] for r in this)
         return out

@@ -65,7 +65,7 @@ _HOMOGENEOUS = ("relu", "maxpool", "gap", "dropout", "identity")
 
 __all__ = [
     "Arch", "GraphNet", "trace_arch", "to_graph", "to_native", "prune_groups", "match_layers",
-    "prune", "count_params", "arch_layers", "shared_cosine", "arch_key",
+    "prune", "count_params", "arch_layers", "shared_cosine", "arch_key", "effective_gates",
 ]
 
 
@@ -434,6 +434,20 @@ def shared_cosine(local: Arch, local_params: Params, other: Arch, other_params: 
 
 
 # --------------------------------------------------------------------------- removal
+
+
+def effective_gates(gates: dict[int, torch.Tensor], threshold: float) -> dict[int, torch.Tensor]:
+    """The gates :func:`prune` realises: clipped to [0, 1], those below ``threshold`` set to
+    zero, except the largest of a layer whose gates are all below it."""
+    out = {}
+    for k, a in gates.items():
+        a = a.detach().to(torch.float32).clamp(0.0, 1.0)
+        keep = a >= threshold
+        if not bool(keep.any()):
+            keep = torch.zeros_like(keep)
+            keep[int(a.argmax())] = True
+        out[k] = torch.where(keep, a, torch.zeros_like(a))
+    return out
 
 
 def prune(arch: Arch, params: Params, gates: dict[int, torch.Tensor], threshold: float

@@ -316,11 +316,17 @@ def residuals(fs: torch.Tensor, y: torch.Tensor, taus: Sequence[int]) -> dict[in
 ProjKind = Literal["gaussian", "kron"]
 
 
-def _kron_split(k: int, rows: int, cols: int) -> tuple[int, int]:
-    """``k = k1 * k2`` with ``k1 / k2`` as close as possible to ``rows / cols``."""
-    best, target = (1, k), math.sqrt(k * rows / max(cols, 1))
-    for a in range(1, k + 1):
-        if k % a == 0 and abs(math.log(a / target)) < abs(math.log(best[0] / target)):
+def _kron_split(k: int, rows: int = 1, cols: int = 1) -> tuple[int, int]:
+    """``k = k1 * k2`` with ``k1`` and ``k2`` as close as possible to ``sqrt(k)``.
+
+    The squared norm of ``(A (x) B)^T (a (x) b)`` is the product of two chi-square-like
+    factors with ``k1`` and ``k2`` degrees of freedom, so the smaller of the two sets the
+    distortion: balanced factors preserve inner products best (measured in
+    docs/results/spark.md; a split following the shape, 10 x 100 for fc1, was much worse).
+    """
+    best = (1, k)
+    for a in range(1, int(math.isqrt(k)) + 1):
+        if k % a == 0:
             best = (a, k // a)
     return best
 
@@ -330,11 +336,12 @@ class Projection:
     """SPARK's fixed projection ``P`` (``d x k``), one block per parameter tensor.
 
     ``gaussian``: every entry ``N(0, 1/k)`` (paper eq. 2). ``kron`` (beyond the paper):
-    for a weight matrix ``W`` (``out x in``) the block is ``A (x) B`` with ``A`` ``out x k1``
-    of ``N(0, 1/k1)`` and ``B`` ``in x k2`` of ``N(0, 1/k2)``, ``k1 k2 = k`` (so each entry
-    still has variance ``1/k`` and ``E[P P^T] = I``); vectors stay Gaussian. Each block is
-    drawn from ``torch_gen(seed, "spark-projection", kind, k, name)``: every node builds the
-    same ``P`` and it is never sent.
+    for a weight matrix ``W`` (``out x in``) the block is ``sum_r A_r (x) B_r / sqrt(R)``
+    (``R = terms``) with ``A_r`` ``out x k1`` of ``N(0, 1/k1)`` and ``B_r`` ``in x k2`` of
+    ``N(0, 1/k2)``, ``k1 k2 = k`` (so each entry still has variance ``1/k`` and
+    ``E[P P^T] = I``); vectors stay Gaussian. Each block is drawn from
+    ``torch_gen(seed, "spark-projection", kind, k, name)`` (``R > 1`` adds ``R`` to the
+    address): every node builds the same ``P`` and it is never sent.
 
     Storage of a Gaussian weight-matrix block is ``(in, out, k)`` (so that ``X @ P1`` is one
     GEMM); the row of ``P`` for ``W[o, i]`` is ``block[i, o, :]``. The flat parameter order
@@ -347,19 +354,23 @@ class Projection:
     kind: ProjKind = "gaussian"
     seed: int = 0
     blocks: dict[str, object] = field(default_factory=dict)
+    terms: int = 1
 
     @classmethod
-    def build(cls, params: Params, k: int, kind: ProjKind = "gaussian", seed: int = 0) -> "Projection":
+    def build(cls, params: Params, k: int, kind: ProjKind = "gaussian", seed: int = 0,
+              terms: int = 1) -> "Projection":
         names = [n for n, v in params.items() if v.is_floating_point()]
-        p = cls(names=names, shapes=[tuple(params[n].shape) for n in names], k=int(k), kind=kind, seed=seed)
+        p = cls(names=names, shapes=[tuple(params[n].shape) for n in names], k=int(k), kind=kind, seed=seed,
+                terms=int(terms))
         for n, shape in zip(names, p.shapes):
-            g = torch_gen(seed, "spark-projection", kind, int(k), n)
+            extra = (int(terms),) if kind == "kron" and terms > 1 else ()
+            g = torch_gen(seed, "spark-projection", kind, int(k), *extra, n)
             if len(shape) >= 2:
                 out, inn = shape[0], math.prod(shape[1:])
                 if kind == "kron":
                     k1, k2 = _kron_split(k, out, inn)
-                    a = torch.randn(out, k1, generator=g) / math.sqrt(k1)
-                    b = torch.randn(inn, k2, generator=g) / math.sqrt(k2)
+                    a = torch.randn(terms, out, k1, generator=g) / math.sqrt(k1 * terms)
+                    b = torch.randn(terms, inn, k2, generator=g) / math.sqrt(k2)
                     p.blocks[n] = ("kron", a, b)
                 else:
                     flat = torch.randn(out * inn, k, generator=g).div_(math.sqrt(k))
@@ -379,8 +390,8 @@ class Projection:
             blk = self.blocks[n]
             if blk[0] == "kron":
                 _, a, b = blk
-                t = theta.view(a.shape[1], b.shape[1])
-                out[n] = (a @ t @ b.t()).reshape(shape)
+                t = theta.view(a.shape[2], b.shape[2])
+                out[n] = torch.einsum("roa,ab,rib->oi", a, t, b).reshape(shape)
             elif blk[0] == "dense2":
                 pb = blk[1]  # (in, out, k)
                 inn, o = pb.shape[0], pb.shape[1]
@@ -397,7 +408,7 @@ class Projection:
             v = g[n].to(torch.float32)
             if blk[0] == "kron":
                 _, a, b = blk
-                acc += (a.t() @ v.reshape(a.shape[0], b.shape[0]) @ b).reshape(-1)
+                acc += torch.einsum("roa,oi,rib->ab", a, v.reshape(a.shape[1], b.shape[1]), b).reshape(-1)
             elif blk[0] == "dense2":
                 pb = blk[1]
                 acc += pb.view(-1, self.k).t() @ v.reshape(pb.shape[1], pb.shape[0]).t().reshape(-1)
@@ -411,7 +422,7 @@ class Projection:
         for n, shape in zip(self.names, self.shapes):
             blk = self.blocks[n]
             if blk[0] == "kron":
-                rows.append(torch.kron(blk[1], blk[2]))
+                rows.append(sum(torch.kron(a, b) for a, b in zip(blk[1], blk[2])))
             elif blk[0] == "dense2":
                 pb = blk[1]
                 rows.append(pb.permute(1, 0, 2).reshape(-1, self.k))
@@ -424,17 +435,26 @@ class Projection:
         return sum(math.prod(s) if s else 1 for s in self.shapes)
 
     # -- J P ---------------------------------------------------------------------------
+    def structured(self, model: nn.Module) -> bool:
+        """True when :meth:`jacobian` takes the structured MLP path."""
+        return is_plain_mlp(model) and set(self.names) == {"fc1.weight", "fc1.bias", "head.weight", "head.bias"}
+
     def jacobian(self, model: nn.Module, x: torch.Tensor, params_list: Sequence[Params],
-                 chunk: int = 64) -> list[torch.Tensor]:
+                 chunk: int = 64, q_read: Optional[str] = None, q_write: Optional[str] = None) -> list[torch.Tensor]:
         """``J(x; w) P`` (``n x C x k``) for each ``w`` in ``params_list``: structured for the
-        plain MLP, ``torch.func`` otherwise."""
-        if is_plain_mlp(model) and set(self.names) == {"fc1.weight", "fc1.bias", "head.weight", "head.bias"}:
-            return self.jacobian_mlp(x, params_list, chunk)
+        plain MLP, ``torch.func`` otherwise (``q_read`` / ``q_write``: see :meth:`jacobian_mlp`)."""
+        if self.structured(model):
+            return self.jacobian_mlp(x, params_list, chunk, q_read=q_read, q_write=q_write)
         return [self.jacobian_generic(model, p, x) for p in params_list]
 
-    def jacobian_mlp(self, x: torch.Tensor, params_list: Sequence[Params], chunk: int = 64) -> list[torch.Tensor]:
+    def jacobian_mlp(self, x: torch.Tensor, params_list: Sequence[Params], chunk: int = 64,
+                     q_read: Optional[str] = None, q_write: Optional[str] = None) -> list[torch.Tensor]:
         """Structured ``J P`` for the plain MLP; the weight-independent product ``X P1`` is
-        computed once (in chunks of samples) and shared by every weight vector."""
+        computed once (in chunks of samples) and shared by every weight vector.
+
+        ``q_write``: also store ``X P1`` (float32, ``n x hidden x k``, C order) in that file;
+        ``q_read``: read it from that file instead of computing it (a caller's cache for
+        the same ``x``: the bytes are exact, so results do not change)."""
         x2 = x.flatten(1).to(torch.float32)
         n = int(x2.shape[0])
         outs: list[torch.Tensor] = []
@@ -455,26 +475,42 @@ class Projection:
             out = (g.reshape(n * c, hid) @ pb1).view(n, c, k)  # b1
             out += pbb.unsqueeze(0)  # b2
             if b2[0] == "kron":
-                _, a2, bb2 = b2  # a2: (C, k1), bb2: (hid, k2)
-                v = h @ bb2
-                out += (a2.unsqueeze(0).unsqueeze(3) * v.unsqueeze(1).unsqueeze(2)).reshape(n, c, k)
+                for a2, bb2 in zip(b2[1], b2[2]):  # a2: (C, k1), bb2: (hid, k2)
+                    v = h @ bb2
+                    out += (a2.unsqueeze(0).unsqueeze(3) * v.unsqueeze(1).unsqueeze(2)).reshape(n, c, k)
             else:
                 out += (h @ b2[1].view(hid, c * k)).view(n, c, k)  # W2: P2 stored (hid, C, k)
             outs.append(out)
         if b1[0] == "kron":
-            _, a1, bb1 = b1  # a1: (hid, k1), bb1: (in, k2)
-            v = x2 @ bb1  # (n, k2)
-            for g, out in zip(gs, outs):
-                u = g @ a1  # (n, C, k1)
-                out += (u.unsqueeze(3) * v.unsqueeze(1).unsqueeze(2)).reshape(n, c, k)
+            for a1, bb1 in zip(b1[1], b1[2]):  # a1: (hid, k1), bb1: (in, k2)
+                v = x2 @ bb1  # (n, k2)
+                for g, out in zip(gs, outs):
+                    u = g @ a1  # (n, C, k1)
+                    out += (u.unsqueeze(3) * v.unsqueeze(1).unsqueeze(2)).reshape(n, c, k)
         else:
             p1 = b1[1]  # (in, hid, k)
             inn = p1.shape[0]
             p1f = p1.view(inn, hid * k)
-            for a in range(0, n, chunk):
-                q = (x2[a:a + chunk] @ p1f).view(-1, hid, k)  # Q[n, j, :] = x_n^T P1[:, j, :]
-                for g, out in zip(gs, outs):
-                    out[a:a + chunk] += torch.bmm(g[a:a + chunk], q)
+            mm = None
+            if q_read is not None:
+                import numpy as np
+
+                mm = np.memmap(q_read, dtype=np.float32, mode="r", shape=(n, hid, k))
+            fh = open(q_write, "wb") if q_write is not None else None
+            try:
+                for a in range(0, n, chunk):
+                    if mm is not None:
+                        q = torch.from_numpy(np.array(mm[a:a + chunk]))
+                    else:
+                        q = (x2[a:a + chunk] @ p1f).view(-1, hid, k)  # Q[n, j, :] = x_n^T P1[:, j, :]
+                        if fh is not None:
+                            fh.write(q.numpy().tobytes())
+                    for g, out in zip(gs, outs):
+                        out[a:a + chunk] += torch.bmm(g[a:a + chunk], q)
+            finally:
+                if fh is not None:
+                    fh.close()
+                del mm
         return outs
 
     def jacobian_generic(self, model: nn.Module, params: Params, x: torch.Tensor, chunk: int = 16) -> torch.Tensor:
@@ -494,15 +530,15 @@ class Projection:
 _PROJ_CACHE: dict[tuple, Projection] = {}
 
 
-def cached_projection(params: Params, k: int, kind: ProjKind, seed: int) -> Projection:
-    """The projection for (architecture, k, kind, seed), built once per process: every
+def cached_projection(params: Params, k: int, kind: ProjKind, seed: int, terms: int = 1) -> Projection:
+    """The projection for (architecture, k, kind, seed, terms), built once per process: every
     node would build the identical matrix from the shared seed, so one copy serves all."""
-    key = (tuple((n, tuple(v.shape)) for n, v in params.items()), int(k), kind, int(seed))
+    key = (tuple((n, tuple(v.shape)) for n, v in params.items()), int(k), kind, int(seed), int(terms))
     p = _PROJ_CACHE.get(key)
     if p is None:
         if len(_PROJ_CACHE) >= 2:
             _PROJ_CACHE.pop(next(iter(_PROJ_CACHE)))
-        p = _PROJ_CACHE[key] = Projection.build(params, k, kind, seed)
+        p = _PROJ_CACHE[key] = Projection.build(params, k, kind, seed, terms)
     return p
 
 

@@ -44,6 +44,7 @@ receiver computes it in float32): figure 4's codecs are measured with SPARK.
 from __future__ import annotations
 
 import math
+import os
 from functools import partial
 from typing import Any, Literal, Optional
 
@@ -76,6 +77,7 @@ class KernelDFLHP(Hyperparams):
         "none", description="none = NTK-DFL (full, declared Jacobians); gaussian = SPARK's P ~ N(0, 1/k); "
         "kron = Kronecker-structured P per weight matrix (beyond the paper)")
     k: int = Field(1000, ge=1, description="projection dimension")
+    kron_terms: int = Field(1, ge=1, description="kron only: P = sum of this many Kronecker products / sqrt(terms)")
     projection_seed: Optional[int] = Field(None, description="seed of P (None: the experiment's seed)")
     distill: bool = Field(False, description="stage-wise annealed distillation targets (SPARK alg. 2)")
     distill_warmup: int = Field(3, ge=0, description="R_warm: rounds with hard labels only")
@@ -88,6 +90,9 @@ class KernelDFLHP(Hyperparams):
     sample_fraction: float = Field(1.0, gt=0, le=1, description="fraction of its samples each member uses per round")
     reply_groups: int = Field(0, ge=0, description="requester groups per round (0: from max_inflight_mb)")
     max_inflight_mb: float = Field(2000.0, gt=0, description="memory budget of one group's Jacobian messages")
+    scratch_dir: Optional[str] = Field(
+        None, description="performance only: a folder where a responder keeps its weight-independent X P "
+        "product between the requester groups of a round (None: recompute it per group)")
 
     @model_validator(mode="after")
     def _check(self) -> "KernelDFLHP":
@@ -128,7 +133,8 @@ class KernelDFL(Algorithm):
         w0 = ctx.init_params()
         names = self._trainable(ctx)
         seed = ctx.seed if self.hp.projection_seed is None else self.hp.projection_seed
-        return ntk.cached_projection({n: w0[n] for n in names}, self.hp.k, self.hp.projection, seed)
+        return ntk.cached_projection({n: w0[n] for n in names}, self.hp.k, self.hp.projection, seed,
+                                     self.hp.kron_terms)
 
     def _weights_of(self, ctx: NodeContext, theta: torch.Tensor) -> Params:
         """``w0 + P theta`` (buffers, if any, from ``w0``)."""
@@ -176,8 +182,10 @@ class KernelDFL(Algorithm):
         nodes = list(plan.participants)
         groups = requester_groups(plan, self.num_groups(plan), round)
         out = [Step("share", nodes, self.share), Step("request", nodes, self.request)]
+        where = {v: g for g, members in enumerate(groups) for v in members}
         for g, members in enumerate(groups):
-            out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0)))
+            out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0,
+                                                        g=g, where=where, last=g == len(groups) - 1)))
             out.append(Step(f"update{g}", members, self.update))
         out.append(Step("commit", nodes, self.commit))
         return out
@@ -212,12 +220,21 @@ class KernelDFL(Algorithm):
         return new, Outbox().broadcast(ctx.neighbors, msg)
 
     # -- step 3: answer the requests of one group -------------------------------------
+    def _scratch_file(self, ctx: NodeContext) -> Optional[str]:
+        if not self.hp.scratch_dir or self.hp.projection != "gaussian":
+            return None
+        os.makedirs(self.hp.scratch_dir, exist_ok=True)
+        return os.path.join(self.hp.scratch_dir, f"spark-xp-{os.getpid()}-{ctx.seed}-{ctx.node}.f32")
+
     def reply(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
-              first: bool) -> tuple[State, Outbox]:
+              first: bool, g: int = 0, where: Optional[dict] = None, last: bool = True) -> tuple[State, Outbox]:
         new = dict(state)
         if first:
             new["requests"] = {e.src: e.msg.tensors for e in inbox if e.msg.kind == "request"}
         reqs = [(s, t) for s, t in sorted(new["requests"].items()) if s in group]
+        requesters = list(new["requests"])
+        if last:  # no later group needs them: free the requests' weights early
+            new["requests"] = {}
         me = ctx.node in group
         out = Outbox()
         if not reqs and not me:
@@ -228,7 +245,20 @@ class KernelDFL(Algorithm):
         if me:
             weights.append(state["wbar"])
         f0s = [ntk.logits(ctx.model, w, x) for w in weights]
-        jts = self._projection(ctx).jacobian(ctx.model, x, weights) if self.projected else [None] * len(weights)
+        jts: list = [None] * len(weights)
+        if self.projected:
+            proj = self._projection(ctx)
+            path = self._scratch_file(ctx) if proj.structured(ctx.model) else None
+            q_read = q_write = None
+            later = where is not None and any(where.get(s, -1) > g for s in [*requesters, ctx.node])
+            if path is not None:
+                if os.path.exists(path):
+                    q_read = path
+                elif later:
+                    q_write = path
+            jts = proj.jacobian(ctx.model, x, weights, q_read=q_read, q_write=q_write)
+            if path is not None and not later and os.path.exists(path):
+                os.remove(path)
         c = ctx.num_classes
         labels = y.to(_label_dtype(c))
         d = sum(int(state["params"][n].numel()) for n in self._trainable(ctx))
@@ -284,7 +314,7 @@ class KernelDFL(Algorithm):
         best: tuple[float, Any, int] | None = None
         for tau in hp.taus:
             if self.projected:
-                delta = -(lr / n) * torch.einsum("nck,nc->k", jt, rs[tau])
+                delta = -(lr / n) * (rs[tau].reshape(1, -1) @ jt.reshape(-1, jt.shape[2])).reshape(-1)
             else:
                 g = ntk.jt_r(ctx.model, wbar, x, rs[tau])
                 delta = {k: -(lr / n) * g[k] for k in names}
@@ -327,6 +357,10 @@ class KernelDFL(Algorithm):
 
     # -- step 5: synchronous commit ---------------------------------------------------------
     def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        path = self._scratch_file(ctx)
+        if path is not None:
+            if os.path.exists(path):
+                os.remove(path)
         new: State = {}
         if self.projected:
             new["theta"] = state["next_theta"]

@@ -36,6 +36,7 @@ import functools
 import inspect
 import os
 import socket
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -45,9 +46,10 @@ import torch
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, State, Step
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network
-from lowband.comm.wire import declared_bytes, decode_message, encode_message
+from lowband.comm.wire import decode_message
 from lowband.engine.executor import NodeEnv, SerialExecutor, ServerData
-from lowband.seeding import derive_seed, torch_gen
+from lowband.engine.simulator import encode_outbox
+from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 
 __all__ = ["RayExecutor", "shard_of"]
@@ -64,12 +66,6 @@ def shard_of(node: int, num_nodes: int, num_shards: int) -> int:
     if node == SERVER:
         return 0
     return node * num_shards // max(num_nodes, 1)
-
-
-def _direction(src: int, dsts: tuple[int, ...]) -> str:
-    from lowband.engine.simulator import link_direction
-
-    return link_direction(src, dsts)
 
 
 # --------------------------------------------------------------------------- worker
@@ -91,7 +87,8 @@ class _Shard:
 
     def info(self) -> dict[str, Any]:
         return {"shard": self.index, "pid": os.getpid(), "host": socket.gethostname(),
-                "nodes": len(self.nodes), "server": self.has_server, "threads": torch.get_num_threads()}
+                "nodes": len(self.nodes), "server": self.has_server, "threads": torch.get_num_threads(),
+                "cpu_s": time.process_time()}
 
     # -- helpers -------------------------------------------------------------------------
     def _get(self, ref: Any) -> Any:
@@ -168,32 +165,17 @@ class _Shard:
         records: list[_Record] = []
         bundles: list[list[_Item]] = [[] for _ in range(self.num_shards)]
         for src in sorted(outboxes):
-            for idx, (dsts, msg) in enumerate(outboxes[src].items):
-                dsts = tuple(int(d) for d in dsts)
-                direction = _direction(src, dsts)
-                codec = net.codec_for(msg.kind, direction)
-                if len(dsts) == 1:
-                    data = net.encode(msg, src, dsts[0], round=round, direction=direction)
-                else:  # as Network.broadcast: encoded once, addressed to "bcast"
-                    if len(set(dsts)) != len(dsts):
-                        raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
-                    if msg.stand_in and not msg.declared:
-                        raise ValueError(f"message {msg.kind!r} carries stand_in {sorted(msg.stand_in)} but no "
-                                         f"declared tensor: a stand-in may travel uncounted only in place of a "
-                                         f"counted declared payload")
-                    data = encode_message(msg, codec, torch_gen(net.seed, "codec", int(round), int(src), "bcast", msg.kind))
-                records.append((src, idx, dsts, direction, msg.kind, len(data), declared_bytes(msg, codec)))
+            for t in encode_outbox(net, round, src, outboxes[src]):
+                records.append((t.src, t.index, t.dsts, t.direction, t.kind, len(t.data), t.declared))
                 per_shard: dict[int, list[int]] = {}
-                for d in dsts:
+                for d in t.dsts:
                     per_shard.setdefault(shard_of(d, self.num_nodes, self.num_shards), []).append(d)
                 remote = [j for j in per_shard if j != self.index]
-                payload: Any = ray.put(data) if len(remote) > 1 else data  # one copy, whatever the fan-out
-                stand_in = dict(msg.stand_in) if msg.stand_in else None
+                payload: Any = ray.put(t.data) if len(remote) > 1 else t.data  # one copy, whatever the fan-out
+                stand_in = t.stand_in or None
                 for j, ds in per_shard.items():
-                    if j == self.index:
-                        self._local.append(((src, idx), tuple(ds), data, stand_in))
-                    else:
-                        bundles[j].append(((src, idx), tuple(ds), payload, stand_in))
+                    item = ((t.src, t.index), tuple(ds), t.data if j == self.index else payload, stand_in)
+                    (self._local if j == self.index else bundles[j]).append(item)
         return (records, *[b or None for b in bundles])
 
     def run_step(self, spec: tuple, round: int, plan: RoundPlan, name: str, actors: list[int],
@@ -267,7 +249,8 @@ class RayExecutor:
     def _put(self, obj: Any) -> tuple[str, Any]:
         """An argument for the workers: small values inline, others put in the object
         store once per object (an LRU keyed by identity that holds the object, so an id
-        cannot be reused while cached)."""
+        cannot be reused while cached). Arguments are read-only values: an object passed
+        again is not shipped again, so pass a new object for a new value."""
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return ("val", obj)
         key = id(obj)

@@ -25,6 +25,7 @@ from lowband.algorithms import ALGORITHMS
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, Outbox
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network
+from lowband.comm.wire import declared_bytes, encode_message
 from lowband.config import ConfigError, Experiment, hyperparams
 from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation, build_federation
@@ -33,7 +34,7 @@ from lowband.engine.evaluation import Evaluator, default_protocols
 from lowband.engine.executor import NodeEnv, ServerData, make_executor
 from lowband.engine.runlog import RunLog, summarize
 from lowband.models import MODELS, build_model, count_params
-from lowband.seeding import derive_seed
+from lowband.seeding import derive_seed, torch_gen
 from lowband.topology import RoundPlan, Topology, build_topology
 from lowband.train import get_params
 
@@ -115,6 +116,43 @@ def link_direction(src: int, dsts: tuple[int, ...]) -> str:
     if SERVER in dsts:
         raise ValueError("a broadcast may not mix the server and peers")
     return "peer"
+
+
+@dataclass
+class Transfer:
+    """One outbox entry as it leaves its sender: the wire bytes and the ledger facts."""
+
+    src: int
+    index: int  # position in the sender's outbox (the serial delivery order is (src, index))
+    dsts: tuple[int, ...]
+    direction: str
+    kind: str
+    data: bytes
+    declared: int
+    stand_in: dict[str, torch.Tensor]
+
+
+def encode_outbox(network: Network, round: int, src: int, outbox: Outbox) -> list[Transfer]:
+    """Encode ``src``'s outbox exactly as :meth:`Simulation.route` does (same codecs, same
+    addressed generators: a broadcast is encoded once for all its receivers), without
+    counting or decoding: for backends where the bytes really travel (Ray, Flower).
+    Count each transfer once per receiver (``record_many`` for a broadcast)."""
+    out: list[Transfer] = []
+    for index, (dsts, msg) in enumerate(outbox.items):
+        dsts = tuple(int(d) for d in dsts)
+        direction = link_direction(src, dsts)
+        codec = network.codec_for(msg.kind, direction)
+        if len(dsts) == 1:
+            data = network.encode(msg, src, dsts[0], round=round, direction=direction)
+        else:  # as Network.broadcast
+            if len(set(dsts)) != len(dsts):
+                raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
+            if msg.stand_in and not msg.declared:
+                raise ValueError(f"message {msg.kind!r} carries stand_in {sorted(msg.stand_in)} but no declared "
+                                 f"tensor: a stand-in may travel uncounted only in place of a counted declared payload")
+            data = encode_message(msg, codec, torch_gen(network.seed, "codec", int(round), int(src), "bcast", msg.kind))
+        out.append(Transfer(src, index, dsts, direction, msg.kind, data, declared_bytes(msg, codec), dict(msg.stand_in)))
+    return out
 
 
 def _round_metrics(ctx: Any, state: Any, alg: Algorithm) -> dict[str, float]:

@@ -1,0 +1,1 @@
+"""lowband experiments as a Flower App (see ../README.md)."""
