@@ -1,1 +1,1 @@
-"""lowband experiments as a Flower App (see ../README.md)."""
+"""lowband experiments as a Flower App (commands: docs/scale.md in the lowband repository)."""
