@@ -73,10 +73,11 @@ def _same_states(a: dict, b: dict) -> None:
 
 
 @needs_ray
-@pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg", "feddbe"])
 def test_ray_matches_serial(tmp_path: Path, ray_runtime, algorithm: str) -> None:
     """A server algorithm and a peer algorithm: byte-identical metrics.jsonl, the same
-    ledger records in the same order, the same final state of every node."""
+    ledger records in the same order, the same final state of every node. FedDBE's round 1
+    addresses every client, which the driver must know without a server state."""
     serial, par = _pair(tmp_path, algorithm)
     assert par.executor.num_workers == 2
     ms = (Path(serial.result.run_dir) / "metrics.jsonl").read_text()
@@ -113,6 +114,19 @@ def test_ray_matches_serial(tmp_path: Path, ray_runtime, algorithm: str) -> None
                 assert all(torch.equal(m1.tensors[k], m2.tensors[k]) for k in m1.tensors)
     _same_states(serial.executor.states, par.executor.states)
     assert serial.evaluator(r, plan) == par.evaluator(r, plan)
+
+
+@needs_ray
+def test_serial_run_resumes_on_ray(tmp_path: Path, ray_runtime) -> None:
+    """The executor may change on --resume: 1 serial round, then round 2 on Ray, gives the
+    metrics.jsonl of an uninterrupted serial 2-round run."""
+    whole = _run(digits_config(tmp_path / "whole", "fedavg", rounds=2))
+    cfg = digits_config(tmp_path / "split", "fedavg", rounds=1)
+    _run(cfg)
+    cfg.update(rounds=2, executor="ray", ray_workers=2)
+    resumed = _run(cfg, resume=True)
+    assert (Path(resumed.result.run_dir) / "metrics.jsonl").read_text() == \
+        (Path(whole.result.run_dir) / "metrics.jsonl").read_text()
 
 
 def test_ray_config_keys_are_validated() -> None:

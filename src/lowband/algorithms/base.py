@@ -131,6 +131,9 @@ class Algorithm(ABC):
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp
+        #: Number of nodes of the federation, set by the simulation that drives this object
+        #: (the driver's copy under Ray too), for ``steps()`` that must address every node.
+        self.num_nodes: Optional[int] = None
 
     # -- state -----------------------------------------------------------------------
     @abstractmethod

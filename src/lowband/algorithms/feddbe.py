@@ -70,17 +70,13 @@ class FedDBE(FedAvg):
     Hyperparams = FedDBEHP
     personalized = True
 
-    def __init__(self, hp: FedDBEHP):
-        super().__init__(hp)
-        self._num_nodes: Optional[int] = None
-
     def init_node(self, ctx: NodeContext) -> State:
         params = ctx.init_params()
         d = ctx.model.feature_dim
         return {"params": params, "client_mean": torch.zeros(d), "global_mean": torch.zeros(d)}
 
     def init_server(self, ctx: NodeContext) -> State:
-        self._num_nodes = ctx.num_nodes
+        self.num_nodes = ctx.num_nodes
         return super().init_server(ctx)
 
     def node_params(self, state: State) -> Optional[Params]:
@@ -95,11 +91,10 @@ class FedDBE(FedAvg):
         regular = super().steps(round, plan)
         if round != 1:
             return regular
-        if self._num_nodes is None:
+        if self.num_nodes is None:
             raise RuntimeError("feddbe: round 1's initialisation period involves every client and needs their "
-                               "number, recorded when the server state is initialised in this process; run it "
-                               "with the serial executor from round 0")
-        everyone = list(range(self._num_nodes))
+                               "number; the simulation sets Algorithm.num_nodes before the first round")
+        everyone = list(range(self.num_nodes))
         return [Step("dbe_warmup", everyone, self.client_warmup),
                 Step("dbe_global_mean", [SERVER], self.server_global_mean),
                 Step("dbe_store", everyone, self.client_store)] + regular

@@ -49,11 +49,14 @@ def dumps_record(rec: dict[str, Any]) -> str:
 
 
 def _comparable(toml_text: str) -> str:
-    """The saved config without the keys a resume may change (rounds)."""
+    """The saved config without the keys a resume may change: ``rounds`` and where the
+    rounds execute (``executor``, ``ray_*``), which changes no number (tested in
+    tests/test_ray.py)."""
     import tomllib
 
     d = tomllib.loads(toml_text)
-    d.pop("rounds", None)
+    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus"):
+        d.pop(key, None)
     return json.dumps(d, sort_keys=True)
 
 
@@ -79,7 +82,7 @@ class RunLog:
                 raise RunDirError(f"--resume: {log.dir} holds no run (no config.toml); start it without --resume")
             if _comparable(log.config_path.read_text()) != _comparable(exp.to_toml()):
                 raise RunDirError(
-                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds' may change); "
+                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor' and 'ray_*' may change); "
                     f"resume with the same config or choose another out_dir"
                 )
         elif has_results:

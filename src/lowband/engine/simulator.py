@@ -220,6 +220,7 @@ class Simulation:
         with config_errors("data"):
             self.fed = federation if federation is not None else make_federation(exp)
         self.num_nodes = len(self.fed.nodes)
+        self.alg.num_nodes = self.num_nodes
         with config_errors("topology"):
             self.topology = make_topology(exp, self.alg.family, self.num_nodes)
         self.ledger = Ledger()
