@@ -8,7 +8,7 @@ included); one module per worker is loaded with each node's parameters in turn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -112,40 +112,58 @@ def sgd_train(
     max_steps: Optional[int] = None,
     drop_last: bool = False,
     skip_singleton_bn: bool = False,
+    trainable: Optional[Sequence[str]] = None,
+    extra: Iterable[torch.Tensor] = (),
+    grad_hook: Optional[Callable[[nn.Module], None]] = None,
 ) -> tuple[Params, TrainStats]:
     """Epochs of minibatch SGD from ``params`` on ``(x, y)``; returns new params and stats.
 
     A fresh optimiser is created on every call (the NTK-DFL and PFLlib reference codes
     reset momentum each round). ``skip_singleton_bn`` skips batches of one sample when the
-    model has BatchNorm (KTA's "BN-safe skip rule").
+    model has BatchNorm (KTA's "BN-safe skip rule"). For the personalised baselines:
+    ``trainable`` names the parameters to train (the others are frozen for the call),
+    ``extra`` tensors with ``requires_grad`` are optimised by the same SGD (FedDBE's
+    personal bias), and ``grad_hook(model)`` runs after ``backward`` (FedSPU's masks).
     """
     load_params(model, params)
     model.train()
+    named = dict(model.named_parameters())
+    train_names = list(named) if trainable is None else list(trainable)
+    frozen = [k for k in named if k not in set(train_names)]
     n = int(y.shape[0])
     if n == 0 or epochs == 0:
         return get_params(model), TrainStats(loss=float("nan"), steps=0, samples=0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0,
+    opt_params = [named[k] for k in train_names] + list(extra)
+    opt = torch.optim.SGD(opt_params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0,
                           weight_decay=weight_decay)
     has_bn = skip_singleton_bn and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     total = torch.zeros((), dtype=torch.float64)
     steps, seen = 0, 0
-    for _ in range(epochs):
-        for idx in batches(n, batch_size, gen, drop_last=drop_last):
-            if has_bn and idx.numel() <= 1:
-                continue
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x[idx], y[idx])
-            loss.backward()
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            opt.step()
-            total += loss.detach().double() * idx.numel()
-            seen += idx.numel()
-            steps += 1
+    for k in frozen:
+        named[k].requires_grad_(False)
+    try:
+        for _ in range(epochs):
+            for idx in batches(n, batch_size, gen, drop_last=drop_last):
+                if has_bn and idx.numel() <= 1:
+                    continue
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, x[idx], y[idx])
+                loss.backward()
+                if grad_hook is not None:
+                    grad_hook(model)
+                if grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(opt_params, grad_clip)
+                opt.step()
+                total += loss.detach().double() * idx.numel()
+                seen += idx.numel()
+                steps += 1
+                if max_steps is not None and steps >= max_steps:
+                    break
             if max_steps is not None and steps >= max_steps:
                 break
-        if max_steps is not None and steps >= max_steps:
-            break
+    finally:
+        for k in frozen:
+            named[k].requires_grad_(True)
     return get_params(model), TrainStats(loss=float(total) / max(seen, 1), steps=steps, samples=seen)
 
 

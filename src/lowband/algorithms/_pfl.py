@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lowband.algorithms.base import NodeContext, Params
-from lowband.train import TrainStats, batches, get_params, load_params
+from lowband.train import TrainStats, load_params, sgd_train
 
 HEAD_PREFIX = "head."
 
@@ -85,43 +85,11 @@ def sgd_loop(
     weight_decay: float = 0.0,
     grad_clip: Optional[float] = None,
 ) -> tuple[Params, TrainStats]:
-    """Minibatch SGD like :func:`lowband.train.sgd_train`, plus what the baselines need:
-    ``trainable`` (names; the others are frozen), ``extra`` tensors with ``requires_grad``
-    optimised by the same SGD (FedDBE's personal bias), and ``grad_hook(model)`` called
-    after ``backward`` (FedSPU's neuron masks). A fresh optimiser every call."""
-    load_params(model, params)
-    model.train()
-    named = dict(model.named_parameters())
-    train_names = list(named) if trainable is None else list(trainable)
-    frozen = [n for n in named if n not in set(train_names)]
-    for n in frozen:
-        named[n].requires_grad_(False)
-    extra = list(extra)
-    n = int(y.shape[0])
-    total = torch.zeros((), dtype=torch.float64)
-    steps = seen = 0
-    try:
-        if n == 0 or epochs == 0:
-            return get_params(model), TrainStats(float("nan"), 0, 0)
-        opt = torch.optim.SGD([named[k] for k in train_names] + extra, lr=lr, momentum=momentum,
-                              weight_decay=weight_decay)
-        for _ in range(epochs):
-            for idx in batches(n, batch_size, gen):
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model, x[idx], y[idx])
-                loss.backward()
-                if grad_hook is not None:
-                    grad_hook(model)
-                if grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_([named[k] for k in train_names] + extra, grad_clip)
-                opt.step()
-                total += loss.detach().double() * idx.numel()
-                seen += idx.numel()
-                steps += 1
-    finally:
-        for k in frozen:
-            named[k].requires_grad_(True)
-    return get_params(model), TrainStats(float(total) / max(seen, 1), steps, seen)
+    """:func:`lowband.train.sgd_train` (plain SGD, fresh optimiser every call) with the
+    options the baselines use: ``trainable``, ``extra`` and ``grad_hook`` (see there)."""
+    return sgd_train(model, params, x, y, epochs=epochs, batch_size=batch_size, lr=lr, gen=gen,
+                     loss_fn=loss_fn, trainable=trainable, extra=extra, grad_hook=grad_hook,
+                     momentum=momentum, weight_decay=weight_decay, grad_clip=grad_clip)
 
 
 def local_lr(ctx: NodeContext) -> float:
