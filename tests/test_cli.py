@@ -298,6 +298,19 @@ def test_resume_extends_a_run_to_the_identical_result(capsys, tmp_path: Path) ->
     assert json.loads((a / "summary.json").read_text())["rounds_completed"] == 3
 
 
+def test_resume_accepts_a_run_saved_before_a_schema_key_was_added(capsys, tmp_path: Path) -> None:
+    """A run saved by an older lowband lacks keys added since (with defaults): --resume
+    fills them in before comparing, so it still continues the run."""
+    p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedavg", rounds=2))
+    a = tmp_path / "a"
+    assert cli(capsys, "run", p, "rounds=1", f"out_dir={a}", "--quiet")[0] == 0
+    saved = (a / "config.toml").read_text()
+    assert 'public_source = "train"' in saved
+    (a / "config.toml").write_text(saved.replace('public_source = "train"\n', ""))
+    assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--resume", "--quiet")[0] == 0
+    assert len(metric_lines(a)) == 3
+
+
 def test_overrides_after_options(capsys, tmp_path: Path) -> None:
     p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "local", rounds=3))
     rc, _, err = cli(capsys, "run", p, "--quiet", "rounds=1", f"out_dir={tmp_path / 'r'}")

@@ -55,6 +55,12 @@ def _comparable(toml_text: str) -> str:
     import tomllib
 
     d = tomllib.loads(toml_text)
+    try:  # fill keys added to the schema since the run was saved with their defaults
+        from lowband.config import validate
+
+        d = tomllib.loads(validate(d).to_toml())
+    except Exception:  # noqa: BLE001 - a config the current schema rejects compares as saved
+        pass
     for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus"):
         d.pop(key, None)
     return json.dumps(d, sort_keys=True)
