@@ -17,16 +17,6 @@ from lowband.data.download import url_for
 from lowband.data.files import FILES
 from lowband.data.sources import clear_cache
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture
-def shared() -> Path:
-    if not (SHARED_DATA / "fashion-mnist").is_dir():
-        pytest.skip(f"offline datasets not found at {SHARED_DATA} (clone the repo next to shared/)")
-    return SHARED_DATA
-
-
 class _Mirror:
     """A thread serving ``root`` on 127.0.0.1:<ephemeral>, recording requested paths."""
 
@@ -54,17 +44,17 @@ class _Mirror:
 
 
 @pytest.fixture
-def mirror(shared: Path) -> Iterator[_Mirror]:
-    m = _Mirror(shared)
+def mirror(shared_data: Path) -> Iterator[_Mirror]:
+    m = _Mirror(shared_data)
     yield m
     m.close()
 
 
-def _corrupt_mirror(shared: Path, tmp: Path, name: str, mutate, labels_only: bool = False) -> Path:
+def _corrupt_mirror(shared_data: Path, tmp: Path, name: str, mutate, labels_only: bool = False) -> Path:
     """A mirror of shared/fashion-mnist (symlinks, no copying) whose ``name`` is ``mutate``d."""
     root = tmp / "mirror"
     (root / "fashion-mnist").mkdir(parents=True)
-    for f in (shared / "fashion-mnist").iterdir():
+    for f in (shared_data / "fashion-mnist").iterdir():
         if f.name == name:
             (root / "fashion-mnist" / name).write_bytes(mutate(f.read_bytes()))
         elif not labels_only or "labels" in f.name:
@@ -105,8 +95,8 @@ def test_a_present_file_with_a_wrong_md5_is_replaced(tmp_path: Path, mirror: _Mi
     (lambda b: b[: len(b) // 2], "bytes, expected"),  # truncated: caught by size
     (lambda b: b[:100] + bytes([b[100] ^ 0xFF]) + b[101:], "md5"),  # same size, altered
 ])
-def test_corrupted_mirror_file_raises_and_leaves_nothing(tmp_path: Path, shared: Path, mutate, expect: str) -> None:
-    root = _corrupt_mirror(shared, tmp_path, "t10k-labels-idx1-ubyte.gz", mutate)
+def test_corrupted_mirror_file_raises_and_leaves_nothing(tmp_path: Path, shared_data: Path, mutate, expect: str) -> None:
+    root = _corrupt_mirror(shared_data, tmp_path, "t10k-labels-idx1-ubyte.gz", mutate)
     m = _Mirror(root)
     dest = tmp_path / "data"
     try:
@@ -122,8 +112,8 @@ def test_corrupted_mirror_file_raises_and_leaves_nothing(tmp_path: Path, shared:
     assert (dest / "fashion-mnist" / "train-labels-idx1-ubyte.gz").is_file()  # good earlier file kept
 
 
-def test_missing_required_file_on_mirror_is_a_clear_error(tmp_path: Path, shared: Path) -> None:
-    root = _corrupt_mirror(shared, tmp_path, "t10k-labels-idx1-ubyte.gz", lambda b: b, labels_only=True)
+def test_missing_required_file_on_mirror_is_a_clear_error(tmp_path: Path, shared_data: Path) -> None:
+    root = _corrupt_mirror(shared_data, tmp_path, "t10k-labels-idx1-ubyte.gz", lambda b: b, labels_only=True)
     m = _Mirror(root)  # has no image files
     try:
         with pytest.raises(DatasetError, match=r"HTTP 404.*--mirror") as e:
@@ -180,9 +170,9 @@ def test_url_layout_and_name_errors() -> None:
         verify("imagenet", "/nonexistent")
 
 
-def test_verify_shared_copies(shared: Path, tmp_path: Path) -> None:
+def test_verify_shared_copies(shared_data: Path, tmp_path: Path) -> None:
     for name in ("mnist", "fashion_mnist"):
-        assert all(c.ok for c in verify(name, shared))
+        assert all(c.ok for c in verify(name, shared_data))
     assert [c.status for c in verify("cifar10", tmp_path)] == ["missing"]
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"not a tar")
     [bad] = verify("cifar10", tmp_path)
@@ -190,9 +180,9 @@ def test_verify_shared_copies(shared: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cifar10_structure_verified_and_offline_rebuild_downloadable(shared: Path, tmp_path: Path, mirror: _Mirror) -> None:
-    [check] = verify("cifar10", shared)
+def test_cifar10_structure_verified_and_offline_rebuild_downloadable(shared_data: Path, tmp_path: Path, mirror: _Mirror) -> None:
+    [check] = verify("cifar10", shared_data)
     assert check.ok and "49873 train / 9966 test" in check.detail and "offline rebuild" in check.detail
     [path] = download("cifar10", tmp_path, base_url=mirror.url)  # accepted by its known alt md5
-    assert path.stat().st_size == (shared / "cifar-10-python.tar.gz").stat().st_size
+    assert path.stat().st_size == (shared_data / "cifar-10-python.tar.gz").stat().st_size
     path.unlink()  # 169 MB: do not leave it in pytest's kept tmp dirs

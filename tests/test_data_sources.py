@@ -19,16 +19,6 @@ from lowband.data import DATASETS, DatasetError, load_dataset, resolve_data_dir
 from lowband.data.agnews import tokenize
 from lowband.data.sources import clear_cache, missing_files
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture
-def shared() -> Path:
-    if not (SHARED_DATA / "fashion-mnist").is_dir():
-        pytest.skip(f"offline datasets not found at {SHARED_DATA} (clone the repo next to shared/)")
-    return SHARED_DATA
-
-
 def _one_line_error(fn, *args, **kw) -> str:
     with pytest.raises(DatasetError) as e:
         fn(*args, **kw)
@@ -39,8 +29,8 @@ def _one_line_error(fn, *args, **kw) -> str:
 
 # -- shared, real files ----------------------------------------------------------------
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
-def test_idx_datasets_are_canonical_and_normalised(shared: Path, name: str) -> None:
-    ds = load_dataset(name, shared)
+def test_idx_datasets_are_canonical_and_normalised(shared_data: Path, name: str) -> None:
+    ds = load_dataset(name, shared_data)
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
     assert ds.train_x.dtype == torch.float32 and ds.train_y.dtype == torch.int64
     assert ds.input_shape == (1, 28, 28) and ds.num_classes == 10 and len(ds.meta["classes"]) == 10
@@ -52,8 +42,8 @@ def test_idx_datasets_are_canonical_and_normalised(shared: Path, name: str) -> N
     assert abs(float(ds.test_x.mean())) < 0.05 and abs(float(ds.test_x.std()) - 1) < 0.05
 
 
-def test_cifar10_offline_copy_counts_and_channels(shared: Path) -> None:
-    ds = load_dataset("cifar10", shared)
+def test_cifar10_offline_copy_counts_and_channels(shared_data: Path) -> None:
+    ds = load_dataset("cifar10", shared_data)
     assert ds.train_x.shape == (9976 + 9992 + 9986 + 9961 + 9958, 3, 32, 32)
     assert ds.test_x.shape == (9966, 3, 32, 32) and ds.input_shape == (3, 32, 32)
     # missing: 127 train (118 ship, 7 horse, 1 deer, 1 dog), 34 test (33 ship, 1 horse)
@@ -66,8 +56,8 @@ def test_cifar10_offline_copy_counts_and_channels(shared: Path) -> None:
     assert ds.meta["classes"][8] == "ship"
 
 
-def test_ag_news_vocab_from_train_only(shared: Path) -> None:
-    ds = load_dataset("ag_news", shared, vocab_size=1_000_000)
+def test_ag_news_vocab_from_train_only(shared_data: Path) -> None:
+    ds = load_dataset("ag_news", shared_data, vocab_size=1_000_000)
     assert ds.num_classes == 4 and ds.input_shape == (64,) and ds.train_x.dtype == torch.int64
     assert (len(ds.train_y), len(ds.test_y)) == (6000, 1600)
     assert torch.bincount(ds.test_y).tolist() == [400] * 4
@@ -75,11 +65,11 @@ def test_ag_news_vocab_from_train_only(shared: Path) -> None:
     assert int((ds.train_x == 1).sum()) == 0
     assert int((ds.test_x == 1).sum()) > 0
     assert ds.meta["vocab_size"] == len(ds.meta["itos"]) and int(ds.test_x.max()) < ds.meta["vocab_size"]
-    capped = load_dataset("ag_news", shared, vocab_size=500, max_len=16)
+    capped = load_dataset("ag_news", shared_data, vocab_size=500, max_len=16)
     assert capped.meta["vocab_size"] == 500 and capped.train_x.shape == (6000, 16)
     assert int(capped.train_x.max()) == 499 and capped.meta["itos"][:2] == ["<pad>", "<unk>"]
-    other = load_dataset("ag_news", shared, seed=1)
-    assert not torch.equal(other.train_y, load_dataset("ag_news", shared).train_y)
+    other = load_dataset("ag_news", shared_data, seed=1)
+    assert not torch.equal(other.train_y, load_dataset("ag_news", shared_data).train_y)
 
 
 # -- files written by the tests --------------------------------------------------------
@@ -111,10 +101,10 @@ def test_ag_news_bad_row_is_reported(tmp_path: Path) -> None:
     assert "test.csv" in msg and "row 1" in msg
 
 
-def _link_fmnist(shared: Path, tmp: Path) -> Path:
+def _link_fmnist(shared_data: Path, tmp: Path) -> Path:
     d = tmp / "fashion-mnist"
     d.mkdir()
-    for f in (shared / "fashion-mnist").iterdir():
+    for f in (shared_data / "fashion-mnist").iterdir():
         (d / f.name).symlink_to(f)
     return d
 
@@ -138,8 +128,8 @@ def test_missing_file_names_the_file_and_the_fix(tmp_path: Path) -> None:
         (gzip.compress(struct.pack(">II", 0x801, 10000) + bytes(10000))[:-20], "gzip"),  # truncated
     ],
 )
-def test_corrupt_idx_files_are_one_line_errors(shared: Path, tmp_path: Path, content: bytes, expect: str) -> None:
-    d = _link_fmnist(shared, tmp_path)
+def test_corrupt_idx_files_are_one_line_errors(shared_data: Path, tmp_path: Path, content: bytes, expect: str) -> None:
+    d = _link_fmnist(shared_data, tmp_path)
     target = d / "t10k-labels-idx1-ubyte.gz"
     target.unlink()
     target.write_bytes(content)
