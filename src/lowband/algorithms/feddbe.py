@@ -75,10 +75,6 @@ class FedDBE(FedAvg):
         d = ctx.model.feature_dim
         return {"params": params, "client_mean": torch.zeros(d), "global_mean": torch.zeros(d)}
 
-    def init_server(self, ctx: NodeContext) -> State:
-        self.num_nodes = ctx.num_nodes
-        return super().init_server(ctx)
-
     def node_params(self, state: State) -> Optional[Params]:
         p = state.get("params")
         if p is None:
