@@ -129,8 +129,12 @@ def _cfg(tmp: Path, alg: str, rounds: int, **hp) -> dict:
 
 
 def naive_round(states: dict, sim: Simulation, r: int, hp, *, projected: bool = False,
-                p_dense: torch.Tensor | None = None, w0: dict | None = None) -> dict:
-    """One NTK-DFL / SPARK round from materialised Jacobians (no fast path anywhere)."""
+                p_dense: torch.Tensor | None = None, w0: dict | None = None, full_update: bool = False) -> dict:
+    """One NTK-DFL / SPARK round from materialised Jacobians (no fast path anywhere).
+
+    ``full_update`` (SPARK's ``update = "full"``): the kernel from ``J P``, the update from
+    the full ``J``, weights (not coordinates) averaged."""
+    coords = projected and not full_update
     plan = sim.topology.plan(r - 1)
     model = sim.executor.model_for(0).eval()
     names = list(dict(model.named_parameters()))
@@ -150,7 +154,7 @@ def naive_round(states: dict, sim: Simulation, r: int, hp, *, projected: bool = 
 
     for i in plan.participants:
         mem = [i] + sorted(plan.neighbors[i])
-        if projected:
+        if coords:
             tbar = torch.stack([states[j]["theta"] for j in mem]).mean(0)
             wbar = unflat(flat(w0) + p_dense @ tbar, w0)
         else:
@@ -159,9 +163,12 @@ def naive_round(states: dict, sim: Simulation, r: int, hp, *, projected: bool = 
         yh = torch.nn.functional.one_hot(torch.cat([sim.fed.nodes[j].train_y for j in mem]), c).float()
         n = xs.shape[0]
         jac = _full_jacobian(model, wbar, xs)
+        full_jac = jac
         if projected:
             jac = jac @ p_dense
         kern = torch.einsum("ncd,mcd->nm", jac, jac) / c
+        if full_update:
+            jac = full_jac
         with torch.no_grad():
             f0 = torch.func.functional_call(model, wbar, (xs,))
         yt = yh
@@ -191,17 +198,19 @@ def naive_round(states: dict, sim: Simulation, r: int, hp, *, projected: bool = 
         mu = hp.momentum
         st = {}
         if mu > 0:
-            v_old = states[i]["v"] if projected else flat(states[i]["v"])
+            v_old = states[i]["v"] if coords else flat(states[i]["v"])
             v = mu * v_old + delta
             step = mu * v + delta
             st["v"] = v
         else:
             step = delta
-        if projected:
+        if coords:
             st["theta"] = tbar + step
             st["params"] = unflat(flat(w0) + p_dense @ st["theta"], w0)
         else:
             st["params"] = unflat(flat(wbar) + step, wbar)
+            if "v" in st:
+                st["v"] = unflat(st["v"], wbar)
         out[i] = st
     return out
 

@@ -171,3 +171,49 @@ def test_variants_are_switches(tmp_path: Path) -> None:
     with_z = Simulation(validate(_cfg(tmp_path / "S", "spark", 1, **SPARK_HP)))
     with_z.run()
     assert a.ledger.totals(kind="logits")[0] < with_z.ledger.totals(kind="logits")[0]
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_full_update_round_equals_naive_materialised(tmp_path: Path, groups: int) -> None:
+    """``update = "full"``: kernel from ``J P``, update ``-(lr/N) J^T R`` from the members'
+    backward passes, weights averaged in full (no coordinates); groups change nothing."""
+    hp = {**SPARK_HP, "update": "full", "reply_groups": groups}
+    one = Simulation(validate(_cfg(tmp_path / "one", "spark", 1, **hp)))
+    one.run()
+    two = Simulation(validate(_cfg(tmp_path / "two", "spark", 2, **hp)))
+    two.run()
+    assert "theta" not in two.executor.states[0]
+    proj = two.alg._projection(two.executor.context(0, 2, two.topology.plan(1)))
+    expect = naive_round(one.executor.states, one, 2, two.alg.hp, projected=True, p_dense=proj.dense(),
+                         full_update=True)
+    for i, st in expect.items():
+        got = two.executor.states[i]
+        for k, v in st["params"].items():
+            torch.testing.assert_close(got["params"][k], v, rtol=2e-4, atol=2e-5)
+            torch.testing.assert_close(got["v"][k], st["v"][k], rtol=2e-4, atol=2e-5)
+    # the weights leave w0 + Range(P): the residual after projecting onto Range(P) is not small
+    w0 = two.executor.context(0, 0, two.topology.plan(0)).init_params()
+    names = list(w0)
+    dw = torch.cat([(two.executor.states[0]["params"][k] - w0[k]).reshape(-1) for k in names])
+    p = proj.dense()
+    fit = p @ torch.linalg.lstsq(p, dw.unsqueeze(1)).solution.squeeze(1)
+    assert float((dw - fit).norm() / dw.norm()) > 0.1
+
+
+def test_full_update_messages(tmp_path: Path) -> None:
+    sim = Simulation(validate(_cfg(tmp_path, "spark", 1, **SPARK_HP, update="full", distill=False)))
+    sim.run()
+    byk = sim.ledger.by_kind(round=1)
+    assert set(byk) == {"weights", "request", "logits", "jacobian", "residual", "grad"}
+    plan = sim.topology.plan(0)
+    edges = sum(len(v) for v in plan.neighbors.values())
+    d = sum(v.numel() for v in sim.executor.states[0]["params"].values())
+    for kind in ("weights", "request", "grad"):  # d floats per directed edge
+        assert 4 * d * edges < byk[kind]["encoded"] < (4 * d + 600) * edges
+    rows = sum(sim.fed.nodes[j].n_train * len(plan.neighbors[j]) for j in range(6))
+    assert rows * 10 * 4 < byk["residual"]["encoded"] < rows * 10 * 4 + 300 * edges
+    for bad, match in (({"tau_select": "linear"}, "tau_select = 'evolved'"),):
+        with pytest.raises(Exception, match=match):
+            validate(_cfg(tmp_path, "spark", 1, update="full", **bad))
+    with pytest.raises(Exception, match="only applies with a projection"):
+        validate(_cfg(tmp_path, "ntk_dfl", 1, update="full"))

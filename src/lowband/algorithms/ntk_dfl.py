@@ -25,6 +25,11 @@ node with its own state, data and inbox):
 5. ``commit``: synchronous: ``w_i <- w_bar_i + dw`` for every node at once (SPARK with
    momentum: ``v <- mu v + dw``, ``theta <- theta_bar + mu v + dw``).
 
+With a projection and ``update = "full"`` step 4 stops after choosing ``tau`` and sends
+each member its slice ``R_m`` of the residual; the members answer with
+``J(X_m; w_bar_i)^T R_m`` (``grad``) and the requester applies ``-(lr_r/N) sum_m`` of them
+(``apply``): NTK-DFL's update with a projected kernel, weights exchanged in full.
+
 Steps 3 and 4 may be split into groups of requesters (``reply_groups``) so that at most a
 fraction of the round's Jacobian messages is in memory at once (SPARK at the paper's size
 moves 12 GB of projected Jacobians per round). The split changes nothing in the result
@@ -90,6 +95,11 @@ class KernelDFLHP(Hyperparams):
     sample_fraction: float = Field(1.0, gt=0, le=1, description="fraction of its samples each member uses per round")
     reply_groups: int = Field(0, ge=0, description="requester groups per round (0: from max_inflight_mb)")
     max_inflight_mb: float = Field(2000.0, gt=0, description="memory budget of one group's Jacobian messages")
+    update: Literal["subspace", "full"] = Field(
+        "subspace", description="with a projection: subspace = dw = P dtheta, weights stay in w0 + Range(P) and "
+        "nodes exchange k coordinates (paper eq. 16-17); full = P compresses the kernel only, each member "
+        "returns J_m^T R_m (d floats) for its slice of the residual, dw = -(lr/N) J^T R as in NTK-DFL "
+        "(beyond the paper: one more round trip, full weights exchanged)")
     scratch_dir: Optional[str] = Field(
         None, description="performance only: a folder where a responder keeps its weight-independent X P "
         "product between the requester groups of a round (None: recompute it per group)")
@@ -101,6 +111,12 @@ class KernelDFLHP(Hyperparams):
                              "Jacobians stand in for; use 'evolved' or 'linear' with a projection")
         if any(t < 1 for t in self.taus):
             raise ValueError("taus must be >= 1")
+        if self.update == "full" and self.projection == "none":
+            raise ValueError("update 'full' only applies with a projection (NTK-DFL's update is already full); "
+                             "set projection = 'gaussian' or 'kron', or drop update")
+        if self.update == "full" and self.tau_select != "evolved":
+            raise ValueError("update 'full' selects tau before the members' J^T R come back; "
+                             "set tau_select = 'evolved'")
         return self
 
 
@@ -124,7 +140,18 @@ class KernelDFL(Algorithm):
     # -- helpers --------------------------------------------------------------------
     @property
     def projected(self) -> bool:
+        """Jacobians travel projected (``J P``)."""
         return self.hp.projection != "none"
+
+    @property
+    def coords(self) -> bool:
+        """Weights live in ``w0 + Range(P)`` and travel as k coordinates ``theta``."""
+        return self.projected and self.hp.update == "subspace"
+
+    @property
+    def split_update(self) -> bool:
+        """The update needs the members' ``J_m^T R_m`` (``update = "full"``)."""
+        return self.projected and self.hp.update == "full"
 
     def _trainable(self, ctx: NodeContext) -> list[str]:
         return ntk.float_names(ctx.model)
@@ -159,10 +186,10 @@ class KernelDFL(Algorithm):
     # -- state ----------------------------------------------------------------------
     def init_node(self, ctx: NodeContext) -> State:
         st: State = {"params": ctx.init_params()}
-        if self.projected:
+        if self.coords:
             st["theta"] = torch.zeros(self.hp.k)
         if self.hp.momentum > 0:
-            st["v"] = torch.zeros(self.hp.k) if self.projected else {
+            st["v"] = torch.zeros(self.hp.k) if self.coords else {
                 n: torch.zeros_like(st["params"][n]) for n in self._trainable(ctx)}
         return st
 
@@ -187,13 +214,17 @@ class KernelDFL(Algorithm):
             out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0,
                                                         g=g, where=where, last=g == len(groups) - 1)))
             out.append(Step(f"update{g}", members, self.update))
+            if self.split_update:
+                out.append(Step(f"grad{g}", nodes, partial(self.grad, group=frozenset(members),
+                                                           last=g == len(groups) - 1)))
+                out.append(Step(f"apply{g}", members, self.apply))
         out.append(Step("commit", nodes, self.commit))
         return out
 
     # -- step 1: share weights (or coordinates) ---------------------------------------
     def share(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         out = Outbox()
-        if self.projected:
+        if self.coords:
             out.broadcast(ctx.neighbors, Message("coords", {"theta": state["theta"]}))
         else:
             out.broadcast(ctx.neighbors, Message("weights", dict(state["params"])))
@@ -207,7 +238,7 @@ class KernelDFL(Algorithm):
     # -- step 2: average, request Jacobians at the average -----------------------------
     def request(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         new = dict(state)
-        if self.projected:
+        if self.coords:
             thetas = [state["theta"]] + [e.msg.tensors["theta"] for e in inbox if e.msg.kind == "coords"]
             tbar = torch.stack(thetas).mean(0)
             new["thetabar"] = tbar
@@ -233,7 +264,7 @@ class KernelDFL(Algorithm):
             new["requests"] = {e.src: e.msg.tensors for e in inbox if e.msg.kind == "request"}
         reqs = [(s, t) for s, t in sorted(new["requests"].items()) if s in group]
         requesters = list(new["requests"])
-        if last:  # no later group needs them: free the requests' weights early
+        if last and not self.split_update:  # no later step needs them: free the requests' weights early
             new["requests"] = {}
         me = ctx.node in group
         out = Outbox()
@@ -241,7 +272,7 @@ class KernelDFL(Algorithm):
             return new, out
         ctx.model.eval()
         x, y = self._sample(ctx)
-        weights = [(self._weights_of(ctx, t["theta"]) if self.projected else t) for _, t in reqs]
+        weights = [(self._weights_of(ctx, t["theta"]) if self.coords else t) for _, t in reqs]
         if me:
             weights.append(state["wbar"])
         f0s = [ntk.logits(ctx.model, w, x) for w in weights]
@@ -311,6 +342,8 @@ class KernelDFL(Algorithm):
             kern = ntk.trace_kernel(ctx.model, wbar, x)
         fs = ntk.evolve_ce(kern, f0, yt, lr, max(hp.taus), hp.ode_substeps)
         rs = ntk.residuals(fs, yt, hp.taus)
+        if self.split_update:
+            return self._send_residuals(ctx, state, order, members, fs, rs, yh, lr, n)
         best: tuple[float, Any, int] | None = None
         for tau in hp.taus:
             if self.projected:
@@ -334,9 +367,14 @@ class KernelDFL(Algorithm):
                 best = (loss, delta, tau)
         assert best is not None
         _, delta, tau = best
+        return self._step(ctx, state, delta, int(tau)), Outbox()
+
+    def _step(self, ctx: NodeContext, state: State, delta: Any, tau: int) -> State:
+        """Momentum (if any) and the next weights from the update ``delta`` (``theta``-space
+        with coordinates, else a parameter dict)."""
         new = dict(state)
-        mu = hp.momentum
-        if self.projected:
+        mu = self.hp.momentum
+        if self.coords:
             if mu > 0:
                 v = mu * state["v"] + delta
                 new["next_v"] = v
@@ -345,14 +383,73 @@ class KernelDFL(Algorithm):
                 step = delta
             new["next_theta"] = state["thetabar"] + step
         else:
+            names = self._trainable(ctx)
             if mu > 0:
                 v = {k: mu * state["v"][k] + delta[k] for k in names}
                 new["next_v"] = v
                 step = {k: mu * v[k] + delta[k] for k in names}
             else:
                 step = delta
+            wbar = state["wbar"]
             new["next_params"] = {k: (w + step[k]) if k in step else w.clone() for k, w in wbar.items()}
-        new["tau"] = int(tau)
+        new["tau"] = tau
+        return new
+
+    # -- update = "full": the members compute J_m^T R_m ------------------------------------
+    def _send_residuals(self, ctx: NodeContext, state: State, order: list, members: dict, fs: torch.Tensor,
+                        rs: dict, yh: torch.Tensor, lr: float, n: int) -> tuple[State, Outbox]:
+        """Pick tau on the evolved predictions and send each member its slice of ``R``
+        (``n_m x C`` floats); the own slice stays here."""
+        hp = self.hp
+        tau = hp.taus[0] if len(hp.taus) == 1 else min(hp.taus, key=lambda t: ntk.cross_entropy_soft(fs[t], yh))
+        r = rs[tau]
+        out = Outbox()
+        sizes = [int(m["f0"].shape[0]) for m in order]
+        parts = torch.split(r, sizes)
+        for src, part in zip(sorted(members), parts[1:]):
+            out.send(src, Message("residual", {"r": part.contiguous()}))
+        new = dict(state)
+        new["own_residual"] = parts[0].contiguous()
+        new["pending"] = {"lr": lr, "n": n, "tau": int(tau)}
+        return new, out
+
+    def grad(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
+             last: bool) -> tuple[State, Outbox]:
+        """Member side of ``update = "full"``: ``J(X_m; w_bar_i)^T R_m`` (one backward pass)
+        for every requester i of this group that sent a residual; ``d`` floats back."""
+        new = dict(state)
+        out = Outbox()
+        ctx.model.eval()
+        asks = [(e.src, e.msg.tensors["r"]) for e in inbox if e.msg.kind == "residual"]
+        if asks or ctx.node in group:
+            x, _ = self._sample(ctx)
+            names = self._trainable(ctx)
+            for src, r in sorted(asks, key=lambda a: a[0]):
+                w = state["requests"][src]
+                g = ntk.jt_r(ctx.model, w, x, r)
+                out.send(src, Message("grad", {k: g[k] for k in names}))
+            if ctx.node in group:
+                g = ntk.jt_r(ctx.model, state["wbar"], x, state["own_residual"])
+                new["own_grad"] = {k: g[k] for k in names}
+                new.pop("own_residual", None)
+        if last:
+            new["requests"] = {}
+        return new, out
+
+    def apply(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        """Requester side of ``update = "full"``: ``dw = -(lr/N) sum_m J_m^T R_m``."""
+        pend = state["pending"]
+        names = self._trainable(ctx)
+        total = {k: state["own_grad"][k].clone() for k in names}
+        for e in inbox:
+            if e.msg.kind == "grad":
+                for k in names:
+                    total[k] += e.msg.tensors[k]
+        scale = -(pend["lr"] / pend["n"])
+        delta = {k: scale * total[k] for k in names}
+        new = self._step(ctx, state, delta, pend["tau"])
+        new.pop("own_grad", None)
+        new.pop("pending", None)
         return new, Outbox()
 
     # -- step 5: synchronous commit ---------------------------------------------------------
@@ -362,7 +459,7 @@ class KernelDFL(Algorithm):
             if os.path.exists(path):
                 os.remove(path)
         new: State = {}
-        if self.projected:
+        if self.coords:
             new["theta"] = state["next_theta"]
             new["params"] = self._weights_of(ctx, new["theta"])
         else:

@@ -10,7 +10,9 @@ The round is NTK-DFL's (:mod:`lowband.algorithms.ntk_dfl`) with three switches:
   weight vector stays ``w0 + P theta``, so nodes exchange the k coordinates ``theta``
   (weights and Jacobian requests), neighbours answer with ``J P`` (``n_j x C x k``), and
   the update ``dtheta = -(lr/N) (J P)^T R`` lives in the subspace (eq. 16-17). Every
-  message is really encoded.
+  message is really encoded. ``update = "full"`` (beyond the paper) uses ``P`` for the
+  kernel only: the members return ``J_m^T R_m`` for their slice of the residual and the
+  model is not confined to ``w0 + Range(P)`` (docs/algorithms/spark.md, reading 10).
 - ``distill`` (alg. 2): rounds ``<= R_warm`` use the hard labels; afterwards
   ``Y_target = alpha Y_hard + (1 - alpha) softmax(z / T)`` with ``alpha`` cosine-annealed
   from ``alpha_init`` to ``alpha_final`` and ``T`` linear from ``temp_init`` to
