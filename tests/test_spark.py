@@ -217,3 +217,21 @@ def test_full_update_messages(tmp_path: Path) -> None:
             validate(_cfg(tmp_path, "spark", 1, update="full", **bad))
     with pytest.raises(Exception, match="only applies with a projection"):
         validate(_cfg(tmp_path, "ntk_dfl", 1, update="full"))
+
+
+def test_stale_scratch_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from lowband.algorithms.ntk_dfl import sweep_stale_scratch
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / f"spark-xp-{dead}-0-7.f32"
+    mine = tmp_path / f"spark-xp-{os.getpid()}-0-7.f32"
+    other = tmp_path / "notes.txt"
+    for f in (stale, mine, other):
+        f.write_bytes(b"x")
+    assert sweep_stale_scratch(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and mine.exists() and other.exists()

@@ -254,7 +254,10 @@ class KernelDFL(Algorithm):
     def _scratch_file(self, ctx: NodeContext) -> Optional[str]:
         if not self.hp.scratch_dir or self.hp.projection != "gaussian":
             return None
-        os.makedirs(self.hp.scratch_dir, exist_ok=True)
+        if self.hp.scratch_dir not in _SWEPT:
+            os.makedirs(self.hp.scratch_dir, exist_ok=True)
+            sweep_stale_scratch(self.hp.scratch_dir)
+            _SWEPT.add(self.hp.scratch_dir)
         return os.path.join(self.hp.scratch_dir, f"spark-xp-{os.getpid()}-{ctx.seed}-{ctx.node}.f32")
 
     def reply(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
@@ -467,6 +470,38 @@ class KernelDFL(Algorithm):
         if self.hp.momentum > 0:
             new["v"] = state["next_v"]
         return new, Outbox()
+
+
+_SWEPT: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def sweep_stale_scratch(folder: str) -> list[str]:
+    """Remove ``spark-xp-<pid>-*.f32`` files in ``folder`` whose process is gone (a run
+    killed mid-round leaves its ``X P`` products behind: 80 MB per node at the paper's
+    size). Files of live processes are left alone. Returns the removed paths."""
+    removed = []
+    for name in os.listdir(folder):
+        parts = name.split("-")
+        if not (name.startswith("spark-xp-") and name.endswith(".f32") and len(parts) >= 4 and parts[2].isdigit()):
+            continue
+        if not _pid_alive(int(parts[2])):
+            path = os.path.join(folder, name)
+            try:
+                os.remove(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def requester_groups(plan: RoundPlan, groups: int, round: int, sweeps: int = 30) -> list[list[int]]:
