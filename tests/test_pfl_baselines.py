@@ -134,7 +134,8 @@ def test_fedas_alignment_and_fisher_weights(tmp_path: Path) -> None:
     ctx = sim.executor.context(0, 2, sim.topology.plan(1))
     own = sim.executor.states[0]["params"]
     glob = _global(sim)
-    aligned = align_base(ctx, own, glob)
+    aligned, diverged = align_base(ctx, own, glob)
+    assert not diverged
     assert torch.equal(aligned["head.weight"], own["head.weight"])  # the head stays personal
     assert not torch.equal(aligned["fc1.weight"], glob["fc1.weight"])  # the base was aligned
     # the server weights by Fisher traces, not by sample counts
@@ -147,6 +148,20 @@ def test_fedas_alignment_and_fisher_weights(tmp_path: Path) -> None:
     for k in fim_avg:
         torch.testing.assert_close(_global(rerun)[k], fim_avg[k], rtol=1e-4, atol=1e-6)
     assert _dist(weighted_average(models, ns), fim_avg) > 1e-5
+
+
+def test_fedas_discards_a_diverging_alignment(tmp_path: Path) -> None:
+    """A diverging alignment (here: a huge rate) is replaced by the unaligned global base
+    and counted; nothing non-finite reaches the models."""
+    sim = _sim(tmp_path, "fedas", all_clients=True, rounds=2, align_lr=1e4)
+    ctx = sim.executor.context(0, 3, sim.topology.plan(2))
+    own = sim.executor.states[0]["params"]
+    glob = _global(sim)
+    out, diverged = align_base(ctx, own, glob)
+    assert diverged
+    assert torch.equal(out["fc1.weight"], glob["fc1.weight"]) and torch.equal(out["head.weight"], own["head.weight"])
+    assert all(torch.isfinite(v).all() for v in _global(sim).values() if v.is_floating_point())
+    assert sim.result.metrics[-1]["alg/align_diverged"] == 8  # every client of round 2
 
 
 # --------------------------------------------------------------------------- FedNTD
