@@ -21,7 +21,7 @@ Fisher traces (normalised); sample counts are not used.
 
 Guard (``align_guard``, on by default, not in PFLlib): an alignment whose loss ends non-finite or above where it started
 is discarded for that client and round (the received base is used unaligned) and counted
-in ``alg/align_diverged`` (metrics.jsonl); see :func:`align_base`.
+in ``alg/align_discarded`` (metrics.jsonl); see :func:`align_base`.
 
 Choices: prototypes and the Fisher trace are computed in eval mode (PFLlib leaves the
 model in train mode, i.e. with dropout); each client aligns its own copy of the global
@@ -138,8 +138,8 @@ class FedAS(FedAvg):
         start, diverged = align_base(ctx, state["params"], glob)
         params, stats = local_train(ctx, start)
         fim = fisher_trace(ctx, params)
-        msg = Message("weights", params, meta={"fim_trace": fim, "align_diverged": int(diverged)})
-        return ({"params": params, "fim_trace": fim, "loss": stats.loss, "align_diverged": diverged},
+        msg = Message("weights", params, meta={"fim_trace": fim, "align_discarded": int(diverged)})
+        return ({"params": params, "fim_trace": fim, "loss": stats.loss, "align_discarded": diverged},
                 Outbox().send(SERVER, msg))
 
     def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
@@ -148,10 +148,13 @@ class FedAS(FedAvg):
         w = [float(e.msg.meta["fim_trace"]) for e in inbox]
         if sum(w) <= 0:
             w = [1.0] * len(inbox)
-        failed = sum(int(e.msg.meta.get("align_diverged", 0)) for e in inbox)
+        failed = sum(int(e.msg.meta.get("align_discarded", 0)) for e in inbox)
         return ({**state, "params": weighted_average([e.msg.tensors for e in inbox], w),
-                 "align_diverged": failed}, Outbox())
+                 "align_discarded": failed}, Outbox())
 
     def round_metrics(self, server_state: State) -> dict[str, float]:
-        """``align_diverged``: clients of the round whose alignment was discarded."""
-        return {"align_diverged": float(server_state.get("align_diverged", 0))}
+        """``align_discarded``: clients of the round whose alignment was discarded (its loss
+        ended non-finite or higher than it started; in round 1, where the global model is
+        the clients' own, the alignment typically does not lower it and is discarded, which
+        changes nothing)."""
+        return {"align_discarded": float(server_state.get("align_discarded", 0))}
