@@ -346,7 +346,7 @@ class KernelDFL(Algorithm):
         fs = ntk.evolve_ce(kern, f0, yt, lr, max(hp.taus), hp.ode_substeps)
         rs = ntk.residuals(fs, yt, hp.taus)
         if self.split_update:
-            return self._send_residuals(ctx, state, order, members, fs, rs, yh, lr, n)
+            return self._send_residuals(state, order, members, fs, rs, yh, n)
         best: tuple[float, Any, int] | None = None
         for tau in hp.taus:
             if self.projected:
@@ -399,8 +399,8 @@ class KernelDFL(Algorithm):
         return new
 
     # -- update = "full": the members compute J_m^T R_m ------------------------------------
-    def _send_residuals(self, ctx: NodeContext, state: State, order: list, members: dict, fs: torch.Tensor,
-                        rs: dict, yh: torch.Tensor, lr: float, n: int) -> tuple[State, Outbox]:
+    def _send_residuals(self, state: State, order: list, members: dict, fs: torch.Tensor, rs: dict,
+                        yh: torch.Tensor, n: int) -> tuple[State, Outbox]:
         """Pick tau on the evolved predictions and send each member its slice of ``R``
         (``n_m x C`` floats); the own slice stays here."""
         hp = self.hp
@@ -413,7 +413,7 @@ class KernelDFL(Algorithm):
             out.send(src, Message("residual", {"r": part.contiguous()}))
         new = dict(state)
         new["own_residual"] = parts[0].contiguous()
-        new["pending"] = {"lr": lr, "n": n, "tau": int(tau)}
+        new["pending"] = {"n": n, "tau": int(tau)}
         return new, out
 
     def grad(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
@@ -448,7 +448,7 @@ class KernelDFL(Algorithm):
             if e.msg.kind == "grad":
                 for k in names:
                     total[k] += e.msg.tensors[k]
-        scale = -(pend["lr"] / pend["n"])
+        scale = -(self.lr_at(ctx.round) / pend["n"])
         delta = {k: scale * total[k] for k in names}
         new = self._step(ctx, state, delta, pend["tau"])
         new.pop("own_grad", None)
