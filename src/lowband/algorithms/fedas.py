@@ -21,7 +21,7 @@ Fisher traces (normalised); sample counts are not used.
 
 Guard (``align_guard``, on by default, not in PFLlib): an alignment whose loss ends non-finite or above where it started
 is discarded for that client and round (the received base is used unaligned) and counted
-in ``alg/align_discarded`` (metrics.jsonl); see :func:`align_base`.
+in ``alg/align_discarded/c<id>`` (metrics.jsonl); see :func:`align_base`.
 
 Choices: prototypes and the Fisher trace are computed in eval mode (PFLlib leaves the
 model in train mode, i.e. with dropout); each client aligns its own copy of the global
@@ -34,6 +34,7 @@ the model each client holds (the initial model for a client never sampled).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -92,11 +93,10 @@ def align_base(ctx: NodeContext, own: Params, glob: Params) -> tuple[Params, boo
     x, y = ctx.data.train_x, ctx.data.train_y
     protos, valid = class_prototypes(features_of(ctx.model, own, x), y, ctx.num_classes)
 
-    def loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return _alignment_loss(model, xb, yb, protos, valid)
-
     aligned, _ = sgd_loop(ctx.model, glob, x, y, epochs=hp.align_epochs, batch_size=hp.align_batch_size,
-                          lr=hp.align_lr, gen=ctx.rng("align"), loss_fn=loss, trainable=base_names(ctx.model))
+                          lr=hp.align_lr, gen=ctx.rng("align"),
+                          loss_fn=partial(_alignment_loss, protos=protos, valid=valid),
+                          trainable=base_names(ctx.model))
     diverged = False
     if hp.align_guard and hp.align_epochs > 0:
         before = _eval_alignment_loss(ctx, glob, protos, valid)
@@ -138,9 +138,11 @@ class FedAS(FedAvg):
         start, diverged = align_base(ctx, state["params"], glob)
         params, stats = local_train(ctx, start)
         fim = fisher_trace(ctx, params)
-        msg = Message("weights", params, meta={"fim_trace": fim, "align_discarded": int(diverged)})
-        return ({"params": params, "fim_trace": fim, "loss": stats.loss, "align_discarded": diverged},
-                Outbox().send(SERVER, msg))
+        msg = Message("weights", params, meta={"fim_trace": fim})
+        new = {"params": params, "fim_trace": fim, "loss": stats.loss}
+        if diverged:
+            new["align_discarded_round"] = ctx.round
+        return new, Outbox().send(SERVER, msg)
 
     def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         if not inbox:
@@ -148,13 +150,13 @@ class FedAS(FedAvg):
         w = [float(e.msg.meta["fim_trace"]) for e in inbox]
         if sum(w) <= 0:
             w = [1.0] * len(inbox)
-        failed = sum(int(e.msg.meta.get("align_discarded", 0)) for e in inbox)
-        return ({**state, "params": weighted_average([e.msg.tensors for e in inbox], w),
-                 "align_discarded": failed}, Outbox())
+        return {**state, "params": weighted_average([e.msg.tensors for e in inbox], w)}, Outbox()
 
-    def round_metrics(self, server_state: State) -> dict[str, float]:
-        """``align_discarded``: clients of the round whose alignment was discarded (its loss
-        ended non-finite or higher than it started; in round 1, where the global model is
-        the clients' own, the alignment typically does not lower it and is discarded, which
-        changes nothing)."""
-        return {"align_discarded": float(server_state.get("align_discarded", 0))}
+    def node_metrics(self, ctx: NodeContext, state: State) -> dict[str, float]:
+        """``align_discarded/c<id>`` = 1 for each client whose alignment was discarded this
+        round (its loss ended non-finite or higher than it started; in round 1, where the
+        global model is the clients' own, it typically does not lower it, which changes
+        nothing). Measurement only: kept in the client's state, never sent."""
+        if state.get("align_discarded_round") == ctx.round:
+            return {f"align_discarded/c{ctx.node}": 1.0}
+        return {}
