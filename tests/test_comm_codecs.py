@@ -22,6 +22,15 @@ from lowband.comm import (
     sketch,
     topk,
 )
+from lowband.comm.codecs import (
+    MAX_CHAIN,
+    MAX_NDIM,
+    MAX_SKETCH_COLS,
+    MAX_SKETCH_ROWS,
+    MAX_SPEC_CHARS,
+    ShapeLimitError,
+    Sketch,
+)
 from lowband.seeding import torch_gen
 
 ALL_SPECS = ["fp32", "fp16", "bf16", "int8", "topk(0.1)", "topk(7)", "randmask(0.25)",
@@ -212,3 +221,122 @@ def test_parse_errors_are_one_line_and_list_known_codecs(bad: str) -> None:
 def test_registry_lists_every_codec() -> None:
     names = {k.split("(")[0] for k in CODECS}
     assert {"fp32", "fp16", "bf16", "int8", "topk", "randmask", "sketch"} <= names
+
+
+# ----------------------------------------------------------------------------- hostile input (issue 14)
+
+
+def _specs(parts: dict[str, torch.Tensor]) -> dict:
+    return {k: (tuple(v.shape), v.dtype) for k, v in parts.items()}
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS + ["topk(20)+sketch(2,8)", "fp16+topk(0.3)"])
+def test_check_leaves_recovers_the_shape_and_refuses_any_other_structure(spec: str) -> None:
+    c = parse_codec(spec)
+    for shape in ((6, 5), (0,), (3, 0, 2), ()):
+        parts = c.encode(torch.randn(shape, generator=torch_gen(0)), torch_gen(1))
+        assert c.check_leaves(_specs(parts), lambda p: parts[p].tolist()) == shape, shape
+    parts = c.encode(randn(6, 5), torch_gen(1))
+    read = lambda p: parts[p].tolist()  # noqa: E731
+    with pytest.raises(ShapeLimitError, match="more than the 29 allowed"):
+        c.check_leaves(_specs(parts), read, 29)
+    # the limit also holds each tensor rebuilt on the way (a sketch table can exceed the input)
+    need = max([30] + [math.prod(s) for s, _ in _specs(parts).values()])
+    assert c.check_leaves(_specs(parts), read, need) == (6, 5)
+    for name in parts:  # each part with the wrong dtype, another shape, missing, or renamed
+        bad = _specs(parts)
+        shape, dt = bad[name]
+        bad[name] = (shape, torch.float64 if dt != torch.float64 else torch.float32)
+        with pytest.raises(ValueError):
+            c.check_leaves(bad, read)
+        for other in {(*shape, 1), (2, *shape), (7,)} - {shape}:
+            bad = _specs(parts)
+            bad[name] = (other, dt)
+            try:  # another shape passes only if it is exactly what some original shape gives
+                got = c.check_leaves(bad, read)
+            except ValueError:
+                continue
+            assert c.leaves(got) == bad, (name, other)
+        bad = _specs(parts)
+        del bad[name]
+        with pytest.raises(ValueError):
+            c.check_leaves(bad, read)
+        bad = _specs(parts)
+        bad[name + "x"] = bad.pop(name)
+        with pytest.raises(ValueError):
+            c.check_leaves(bad, read)
+
+
+def test_check_leaves_reads_the_claimed_shape_before_comparing() -> None:
+    c = parse_codec("topk(1)")  # one value whatever the size: only the budget can stop it
+    parts = c.encode(randn(8), torch_gen(0))
+    specs = _specs(parts)
+    with pytest.raises(ShapeLimitError, match=r"\(32768, 32768\) has 1073741824 elements"):
+        c.check_leaves(specs, lambda p: [2**15, 2**15], 2**26)
+    for bad in ([-1], [2**31], [2**16, 2**16], [1] * (MAX_NDIM + 1)):
+        with pytest.raises(ValueError, match="invalid original shape|at most 32 entries"):
+            c.check_leaves({**specs, "_shape": ((len(bad),), torch.int64)}, lambda p, b=bad: b)
+
+
+def test_codec_parameters_are_bounded() -> None:
+    for bad in ("sketch(9,4)", "sketch(0,4)", "sketch(2,16777217)", "topk(2147483648)",
+                "+".join(["fp16"] * (MAX_CHAIN + 1)), "fp16+" * 100 + "fp16", "x" * (MAX_SPEC_CHARS + 1)):
+        with pytest.raises(ValueError) as e:
+            parse_codec(bad)
+        assert "\n" not in str(e.value)
+    assert parse_codec(f"sketch({MAX_SKETCH_ROWS},{MAX_SKETCH_COLS})").rows == MAX_SKETCH_ROWS
+    assert parse_codec("+".join(["fp16"] * MAX_CHAIN)).spec.count("fp16") == MAX_CHAIN
+
+
+def _sketch_decode_reference(c: Sketch, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The original row-by-row decode, kept to check the vectorised one bit for bit."""
+    table, shape = parts["table"], tuple(parts["_shape"].tolist())
+    coeffs = c._coeffs(int(parts["_seed"]))
+    n = math.prod(shape)
+    i = torch.arange(n, dtype=torch.int64)
+    est = torch.empty(c.rows, n, dtype=torch.float32)
+    for r in range(c.rows):
+        h, s = c._hash(coeffs, r, i)
+        est[r] = s * table[r][h]
+    srt = torch.sort(est, dim=0).values
+    return (0.5 * (srt[(c.rows - 1) // 2] + srt[c.rows // 2])).reshape(shape)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+def test_sketch_decode_is_bitwise_the_row_by_row_median(rows: int) -> None:
+    c = sketch(rows, 37)
+    x = randn(123, 45, seed=rows)  # several decode chunks for every row count
+    parts = c.encode(x, torch_gen(rows, "sk"))
+    parts["table"][0, 3] = float("nan")
+    parts["table"][-1, 5] = float("inf")
+    got, want = c.decode(parts), _sketch_decode_reference(c, parts)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_randmask_mask_selects_the_sorted_seeded_permutation() -> None:
+    """The boolean mask (int32 permutation, no sort) keeps the coordinates that the former
+    int64 ``sort(randperm(n)[:k])`` kept, in the same order."""
+    for n, frac, seed in ((1000, 0.1, 3), (4097, 0.5, 2**61 + 5), (10, 1.0, 0), (1, 0.3, 7)):
+        c = randmask(frac)
+        k = c.k_for(n)
+        g = torch.Generator()
+        g.manual_seed(seed)
+        want = torch.arange(n) if k == n else torch.sort(torch.randperm(n, generator=g)[:k]).values
+        assert torch.equal(torch.nonzero(c._mask(seed, n)).reshape(-1), want)
+
+
+def test_decode_checks_contents() -> None:
+    x = randn(50)
+    p = topk(5).encode(x, torch_gen(0))
+    p["idx"] = p["idx"].flip(0)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        topk(5).decode(p)
+    p = int8().encode(x, torch_gen(0))
+    p["_scale"] = torch.tensor(float("nan"))
+    with pytest.raises(ValueError, match="_scale must be finite"):
+        int8().decode(p)
+    for c in (randmask(0.2), sketch(3, 8)):
+        p = c.encode(x, torch_gen(0))
+        p["_seed"] = torch.tensor(-1)
+        with pytest.raises(ValueError, match="_seed must be one int64"):
+            c.decode(p)

@@ -73,11 +73,13 @@ def test_content_problem_finds_nan_inf_and_bad_float_metadata() -> None:
 
 
 def test_shape_problem_checks_only_names_of_the_receivers_model() -> None:
-    expected = {"fc.weight": ((4, 3), True), "bn.num_batches_tracked": ((), False)}
+    expected = {"fc.weight": ((4, 3), torch.float32), "bn.num_batches_tracked": ((), torch.int64)}
     assert shape_problem(Message("w", {"fc.weight": torch.zeros(4, 3), "logits": torch.zeros(9)}), expected) is None
     reason, detail = shape_problem(Message("w", {"fc.weight": torch.zeros(3, 4)}), expected)
     assert reason == "shape" and "[3, 4]" in detail and "[4, 3]" in detail
     assert shape_problem(Message("w", {"bn.num_batches_tracked": torch.zeros(())}), expected)[0] == "dtype"
+    reason, detail = shape_problem(Message("w", {"fc.weight": torch.zeros(4, 3, dtype=torch.float16)}), expected)
+    assert reason == "dtype" and "torch.float16" in detail
     # a declared sub-model: same rank and no larger dimension passes, anything else does not
     assert shape_problem(Message("w", {"fc.weight": torch.zeros(2, 3)}), expected, partial=True) is None
     assert shape_problem(Message("w", {"fc.weight": torch.zeros(5, 3)}), expected, partial=True)[0] == "shape"
@@ -105,7 +107,7 @@ def _net(policy: ValidationPolicy = ValidationPolicy(), codec: str = "fp32", exp
 
 
 def test_network_refuses_but_counts_and_hands_out_the_rest() -> None:
-    net = _net(expected=lambda node: {"w": ((3,), True)} if node != 2 else {"w": ((4,), True)})
+    net = _net(expected=lambda node: {"w": ((3,), torch.float32)} if node != 2 else {"w": ((4,), torch.float32)})
     good = Message("weights", {"w": torch.ones(3)})
     got = net.broadcast(good, SERVER, [0, 1, 2], round=1, direction="down")
     assert sorted(got) == [0, 1]  # node 2's model has a (4,) entry "w": a shape refusal for it only

@@ -6,7 +6,8 @@ used by the serial round and by the Ray shards alike), never inside an algorithm
 - ``nonfinite``: a floating tensor (or a float metadata value) holds NaN or +-Inf.
   Always checked.
 - ``shape`` / ``dtype``: a tensor whose name is a parameter (or buffer) of the receiver's
-  own model must have that entry's shape, and be floating exactly when the entry is.
+  own model must have that entry's shape and dtype (the codecs restore the sender's
+  dtype, so a float16 tensor where the model holds float32 did not come from a codec).
   Names the receiver's model does not have (logits, masks, indices, ...) are not
   constrained. Kinds an algorithm declares in ``Algorithm.partial_kinds`` (sub-models,
   e.g. FedSPU's selected rows) need only the entry's rank and no larger dimension. The receiver's model is the one :class:`ExpectedShapes` builds for its
@@ -45,8 +46,8 @@ NORM_MIN_GROUP = 3
 """Fewest same-kind messages in one inbox for the norm screen to apply (a median of two
 is the mean of a clean and a poisoned value)."""
 
-Expectation = Mapping[str, tuple[tuple[int, ...], bool]]
-"""name -> (shape, is floating) of the entries of a receiver's model."""
+Expectation = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+"""name -> (shape, dtype) of the entries of a receiver's model."""
 
 
 class InvalidMessageError(RuntimeError):
@@ -110,7 +111,7 @@ class ExpectedShapes:
     def __call__(self, node: int) -> Expectation:
         key = self.model_key(node)
         if key not in self._cache:
-            self._cache[key] = {k: (tuple(v.shape), bool(v.is_floating_point()))
+            self._cache[key] = {k: (tuple(v.shape), v.dtype)
                                 for k, v in self.init_params(node).items()}
         return self._cache[key]
 
@@ -129,20 +130,18 @@ def content_problem(msg: Message) -> Optional[tuple[str, str]]:
 
 def shape_problem(msg: Message, expected: Expectation, partial: bool = False) -> Optional[tuple[str, str]]:
     """``(reason, detail)`` when a tensor named like an entry of the receiver's model does
-    not have that entry's shape (``partial``: its rank, with no dimension larger), or is
-    floating where the entry is not (or vice versa)."""
+    not have that entry's shape (``partial``: its rank, with no dimension larger) or dtype."""
     for name, t in msg.tensors.items():
         exp = expected.get(name)
         if exp is None:
             continue
-        shape, is_float = exp
+        shape, dtype = exp
         got = tuple(t.shape)
         if got != shape and not (partial and len(got) == len(shape) and all(a <= b for a, b in zip(got, shape))):
             return "shape", (f"{name!r} has shape {list(got)}, the receiver's model has "
                              f"{list(shape)}{' (or a slice of it)' if partial else ''}")
-        if bool(t.is_floating_point()) != is_float:
-            want = "floating" if is_float else "integer"
-            return "dtype", f"{name!r} is {t.dtype}, the receiver's model has a {want} entry"
+        if t.dtype != dtype:
+            return "dtype", f"{name!r} is {t.dtype}, the receiver's model has {dtype}"
     return None
 
 

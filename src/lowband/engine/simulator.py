@@ -300,7 +300,7 @@ class Simulation:
             if rej.reason not in self._logged:
                 self._logged.add(rej.reason)
                 logger.warning("%s; further '%s' rejections are counted in metrics.jsonl as rejected/%s, not logged",
-                            rej.describe(), rej.reason, rej.reason)
+                               rej.describe(), rej.reason, rej.reason)
         diverged = list(getattr(self.executor, "diverged", []))
         if diverged:
             self.executor.diverged.clear()
@@ -309,7 +309,7 @@ class Simulation:
             if "diverged" not in self._logged:
                 self._logged.add("diverged")
                 logger.warning("round %d: the local training of node %d diverged (non-finite loss); further "
-                            "divergences are counted in metrics.jsonl as faults/diverged, not logged", r, node)
+                               "divergences are counted in metrics.jsonl as faults/diverged, not logged", r, node)
 
     def _incident_record(self, since: int, upto: int) -> dict[str, int]:
         """Counts of rounds ``since < r <= upto``: nonzero keys, plus the fault counts of a
