@@ -26,7 +26,7 @@ from torch import nn
 
 from lowband.comm.message import SERVER, Message
 from lowband.seeding import torch_gen
-from lowband.topology import RoundPlan
+from lowband.topology import RoundPlan, Topology
 
 State = dict[str, Any]
 Params = dict[str, torch.Tensor]
@@ -138,6 +138,9 @@ class Algorithm(ABC):
     #: True for a method that needs the public reference set (``data.public_size > 0``);
     #: a config without one is refused before the run.
     needs_public: ClassVar[bool] = False
+    #: topology settings (``[topology]`` keys) used where the config leaves them unset;
+    #: None: the family's default kind with the config's defaults
+    default_topology: ClassVar[Optional[Mapping[str, Any]]] = None
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp
@@ -157,6 +160,10 @@ class Algorithm(ABC):
     @property
     def has_server(self) -> bool:
         return self.family == "server"
+
+    def check_topology(self, topology: Topology, num_nodes: int) -> None:
+        """Raise ``ValueError`` (reported as a one-line config error before anything is
+        written) when this algorithm cannot work on ``topology``. Default: accept."""
 
     # -- rounds ----------------------------------------------------------------------
     @abstractmethod

@@ -25,10 +25,14 @@ from lowband.train import diverged_count
 
 @dataclass
 class ServerData:
-    """The server's own holdings: the public reference set (inputs and labels), if any."""
+    """The server's own holdings: the public reference set (inputs and labels), if any,
+    and the dataset's published per-channel input normalisation ``(mean, std)`` (what a
+    data-free method needs to map generated ``[0, 1]`` images into the models' input
+    space; the reference codes of DENSE and Co-Boosting hard-code it per dataset)."""
 
     public_x: torch.Tensor
     public_y: torch.Tensor
+    input_stats: Optional[tuple[list[float], list[float]]] = None
 
 
 @dataclass

@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -85,9 +85,21 @@ def make_federation(exp: Experiment) -> Federation:
     )
 
 
-def make_topology(exp: Experiment, family: str, num_nodes: int) -> Topology:
-    """The topology of the config, or the algorithm family's default."""
+def _input_stats(meta: dict) -> Optional[tuple[list[float], list[float]]]:
+    """The dataset's published input normalisation ``(mean, std)`` from its metadata, if any."""
+    norm = meta.get("normalize") if isinstance(meta, dict) else None
+    if not norm:
+        return None
+    return [float(v) for v in norm["mean"]], [float(v) for v in norm["std"]]
+
+
+def make_topology(exp: Experiment, family: str, num_nodes: int,
+                  defaults: Optional[Mapping[str, Any]] = None) -> Topology:
+    """The topology of the config, or the algorithm family's default; ``defaults`` (an
+    algorithm's ``default_topology``) fill the ``[topology]`` keys the config leaves unset."""
     t = exp.topology
+    if defaults:
+        t = t.model_copy(update={k: v for k, v in defaults.items() if k not in t.model_fields_set})
     kind = t.kind or DEFAULT_TOPOLOGY[family]
     if family == "local" and t.kind is None:
         return build_topology("star", num_nodes, exp.seed, sampling="all")
@@ -199,7 +211,8 @@ class Simulation:
         self.num_nodes = len(self.fed.nodes)
         self.alg.num_nodes = self.num_nodes
         with config_errors("topology"):
-            self.topology = make_topology(exp, self.alg.family, self.num_nodes)
+            self.topology = make_topology(exp, self.alg.family, self.num_nodes, self.alg.default_topology)
+            self.alg.check_topology(self.topology, self.num_nodes)
         self.ledger = Ledger()
         num_classes = self.fed.num_classes
         # [model] mix: client i gets mix[i % len(mix)] (the server keeps model.name)
@@ -228,7 +241,7 @@ class Simulation:
             exp.algorithm.name)
         env = NodeEnv(
             algorithm=self.alg, node_data=list(self.fed.nodes),
-            server_data=ServerData(self.fed.public_x, self.fed.public_y), seed=exp.seed,
+            server_data=ServerData(self.fed.public_x, self.fed.public_y, _input_stats(self.fed.meta)), seed=exp.seed,
             num_classes=num_classes, model_factory=builder, model_key=builder.key,
             init_params=builder.init_params,
             public_x=self.fed.public_x if self.fed.public_x.numel() else None,

@@ -47,6 +47,20 @@ class Generator(nn.Module):
         )
         self.ngf = ngf
 
+    def reset(self) -> None:
+        """The reference code's ``reset_model`` (DCGAN initialisation), applied before every
+        synthesis: conv/linear weights ``N(0, 0.02)``, biases 0, BatchNorm weights
+        ``N(1, 0.02)``, BatchNorm biases 0. Small weights make the first images nearly
+        uniform grey, so the teachers' gradients, not a random init, shape them."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.normal_(m.weight, 1.0, 0.02)
+                nn.init.zeros_(m.bias)
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         out = self.l1(z).view(z.shape[0], self.ngf * 2, self.h0, self.w0)
         return self.conv_blocks(out)
@@ -59,16 +73,19 @@ def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     return (x - m) / s
 
 
-def augment_batch(x: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Tensor:
-    """Random crop (zero padding ``pad``) and horizontal flip, per image (differentiable)."""
+def augment_batch(x: torch.Tensor, gen: torch.Generator, pad: int = 4, flip: bool = True) -> torch.Tensor:
+    """Random crop (zero padding ``pad``) and, with ``flip``, horizontal flip, per image
+    (differentiable)."""
     n, _, h, w = x.shape
     padded = F.pad(x, (pad, pad, pad, pad))
     dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
     dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    flip = torch.rand(n, generator=gen) < 0.5
+    flips = torch.rand(n, generator=gen) < 0.5
+    if not flip:
+        flips = torch.zeros_like(flips)
     rows = (dy[:, None] + torch.arange(h)[None, :])  # (n, h)
     cols = (dx[:, None] + torch.arange(w)[None, :])  # (n, w)
-    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    cols = torch.where(flips[:, None], cols.flip(1), cols)
     idx_r = rows[:, None, :, None].expand(n, x.shape[1], h, padded.shape[3])
     out = padded.gather(2, idx_r)
     idx_c = cols[:, None, None, :].expand(n, x.shape[1], h, w)
