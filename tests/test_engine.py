@@ -66,12 +66,24 @@ def test_resume_after_interrupt_is_identical(tmp_path: Path, algorithm: str) -> 
     assert a == b
 
 
-def test_kill_9_then_resume_cli(tmp_path: Path) -> None:
-    """A real SIGKILL mid-run, then `lowband run --resume`: same metrics.jsonl."""
+#: issue 14: 30% dropout and stragglers past a round deadline, all clients sampled
+FAULTY = {"topology": {"kind": "star", "sampling": "all"},
+          "faults": {"dropout": 0.3, "straggler": 0.3, "slowdown": 3.0, "deadline": 2.0}}
+
+
+@pytest.mark.parametrize("extra", [{}, FAULTY], ids=["clean", "dropout+deadline"])
+def test_kill_9_then_resume_cli(tmp_path: Path, extra: dict) -> None:
+    """A real SIGKILL mid-run, then `lowband run --resume`: same metrics.jsonl (with faults:
+    the same drops, reported in it)."""
     cfg_path = tmp_path / "exp.toml"
     import tomli_w
 
-    cfg = digits_config(tmp_path, "fedavg", rounds=30)
+    def config(root: Path) -> dict:
+        c = digits_config(root, "fedavg", rounds=30)
+        c.update(extra)
+        return c
+
+    cfg = config(tmp_path)
     cfg["out_dir"] = str(tmp_path / "killed")
     cfg_path.write_text(tomli_w.dumps(cfg))
     cmd = [sys.executable, "-m", "lowband.cli", "run", str(cfg_path), "--quiet"]
@@ -87,8 +99,11 @@ def test_kill_9_then_resume_cli(tmp_path: Path) -> None:
     done_before = len(metrics.read_text().splitlines())
     assert done_before < 31, "the run finished before it could be killed"
     subprocess.run(cmd + ["--resume"], check=True)
-    ref = _run(digits_config(tmp_path / "ref", "fedavg", rounds=30))
+    ref = _run(config(tmp_path / "ref"))
     assert metrics.read_text() == (Path(ref.result.run_dir) / "metrics.jsonl").read_text()
+    if extra:
+        recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+        assert sum(r.get("faults/dropped", 0) for r in recs) > 0 and sum(r.get("faults/late", 0) for r in recs) > 0
 
 
 def test_ledger_uplink_equals_encoded_model_size(tmp_path: Path) -> None:

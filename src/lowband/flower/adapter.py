@@ -346,23 +346,26 @@ class FlowerRun:
         # the server builds the same partition as the clients: it knows every client's split sizes
         self.n_train = [int(nd.n_train) for nd in self.sim.fed.nodes]
         self.n_test = [int(nd.n_test) for nd in self.sim.fed.nodes]
-        self.rejected: dict[str, int] = {}
+        self.rejected: dict[str, int] = {}  # since the last metrics record
+        self.rejected_total: dict[str, int] = {}  # over the records written so far
         self._sent: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # this round, per client
 
     # -- distrust ------------------------------------------------------------------------
     def _reject(self, reason: str, client: Any, r: int, detail: str) -> None:
         """Count one dropped reply (or message); log the first of each reason."""
-        if reason not in self.rejected:
+        if reason not in self.rejected and reason not in self.rejected_total:
             flwr_log(WARNING, "lowband: round %d: rejected a reply of client %s (%s: %s); further rejections are "
                      "counted as rejected/<reason> in metrics.jsonl", r, client, reason, detail)
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def rejection_record(self) -> dict[str, int]:
-        """``rejected/<reason>``: replies dropped since round 1, per reason (non-zero only)."""
-        # TODO(issue14-merge): use the simulator's convention for these keys (comm/network.py's
-        # rejection counters: cumulative or per round, zeros written or not) so that a Flower
-        # run and a lowband run of one config write the same keys.
-        return {f"rejected/{k}": v for k, v in sorted(self.rejected.items())}
+        """``rejected/<reason>``: replies dropped since the previous record, per reason,
+        non-zero only: the simulator's convention (``Simulation._incident_record``), so a
+        Flower run and a simulated run of one config write the same keys. Resets the counts."""
+        out = {f"rejected/{k}": v for k, v in sorted(self.rejected.items()) if v}
+        self.rejected_total.update({k: self.rejected_total.get(k, 0) + v for k, v in self.rejected.items()})
+        self.rejected = {}
+        return out
 
     def _expected_shapes(self, c: int) -> Optional[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
         """Shapes and dtypes client ``c``'s tensors named like a parameter of the server's

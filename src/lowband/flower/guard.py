@@ -16,8 +16,9 @@ Reasons (the simulator's names where it has them):
 - ``duplicate``: a second reply of a client in one step, or a second message of one
   kind in a client's reply (exactly one counts: the first);
 - ``nonfinite``: NaN or infinite values in a float tensor;
-- ``shape``: a tensor named like a model parameter with another shape or dtype, a
-  float tensor that is not float32 (what every codec delivers), a complex tensor;
+- ``shape`` / ``dtype``: a tensor named like a model parameter with another shape or
+  dtype (:func:`lowband.comm.validate.shape_problem`, the simulator's rule), a float tensor
+  that is not float32 (what every built-in client sends), a complex tensor;
 - ``num_examples``: not a positive integer, or more than the client's training split
   (the server builds the same partition, so it knows every client's size);
 - ``meta``: a non-finite float in the metadata, or a key the server's step needs and
@@ -26,32 +27,32 @@ Reasons (the simulator's names where it has them):
   non-finite loss, a test count above the client's test split, a missing key);
 - ``error``: the client reported an error; ``missing``: no reply before the timeout.
 
-Two functions stand in for shared mechanisms being written elsewhere in issue 14; each
-carries a ``TODO(issue14-merge)`` naming what it should call once they land:
-:func:`decode_reply` (the wire decoder's per-message budget) and :func:`check_tensors`
-(the receiver-side validation of comm/network.py).
+The shared mechanisms are used, not repeated: :func:`decode_reply` decodes with the wire
+decoder's :class:`~lowband.comm.wire.DecodeBudget` (sizes checked against the bytes present
+and the budget before anything is allocated; metadata schema), and :func:`check_tensors`
+applies the simulator's receiver-side rules (:mod:`lowband.comm.validate`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 
 from lowband.comm.message import Message
-from lowband.comm.wire import DTYPE_CODES, WireError, decode_with_codec
+from lowband.comm.validate import content_problem, shape_problem
+from lowband.comm.wire import DecodeBudget, WireError, decode_with_codec
 
 __all__ = [
     "REASONS", "UPLOAD_KINDS", "Rejected", "ReplyBudget", "budget_for", "decode_reply", "check_tensors",
     "check_upload", "check_meta", "check_eval", "StrictMeta", "MissingMeta", "checked_round", "MAX_MESSAGES",
 ]
 
-REASONS: tuple[str, ...] = ("wire", "kind", "sender", "duplicate", "nonfinite", "shape", "num_examples", "meta",
-                            "metrics", "error", "missing")
+REASONS: tuple[str, ...] = ("wire", "kind", "sender", "duplicate", "nonfinite", "shape", "dtype", "num_examples",
+                            "meta", "metrics", "error", "missing")
 
 UPLOAD_KINDS: frozenset[str] = frozenset({"weights", "delta", "packs", "dbe_mean", "logits"})
 """Lowband message kinds a server-family client sends up (every built-in algorithm's;
@@ -88,6 +89,11 @@ class ReplyBudget:
     max_bytes: int
     max_elements: int
 
+    def decode_budget(self) -> DecodeBudget:
+        """The wire decoder's budget with these two limits (the others at their defaults:
+        metadata length and depth, number of tensors)."""
+        return DecodeBudget(max_elements=self.max_elements, max_bytes=self.max_bytes)
+
 
 def budget_for(sim: Any) -> ReplyBudget:
     """The per-message budget of a run, derived from what the receiver expects: the
@@ -101,70 +107,6 @@ def budget_for(sim: Any) -> ReplyBudget:
     return ReplyBudget(max_bytes=16 * elements + (1 << 20), max_elements=elements)
 
 
-_ITEMSIZE = {code: torch.empty((), dtype=dt).element_size() for dt, code in DTYPE_CODES.items()}
-_INT64 = DTYPE_CODES[torch.int64]
-
-
-def _claimed_elements(data: bytes) -> int:
-    """Elements the tensors of wire message ``data`` would decode into, read from the
-    header and the codecs' ``_shape`` parts without decoding anything. Returns 0 where the
-    header is malformed (the decoder then says what is wrong)."""
-    # TODO(issue14-merge): delete with decode_reply's pre-check once comm/wire.py's
-    # DecodeBudget bounds the decoder itself.
-    view = memoryview(data)
-    pos = 0
-
-    def take(n: int) -> memoryview:
-        nonlocal pos
-        if n < 0 or pos + n > len(view):
-            raise struct.error("truncated")
-        out = view[pos:pos + n]
-        pos += n
-        return out
-
-    def u(fmt: str) -> tuple:
-        s = struct.Struct("<" + fmt)
-        return s.unpack(take(s.size))
-
-    def string() -> None:
-        take(u("H")[0])
-
-    try:
-        take(5)  # magic, version
-        string(), string()  # kind, codec spec
-        take(u("I")[0])  # meta
-        tensors = []
-        for _ in range(u("I")[0]):
-            string()
-            form, nleaves = u("BH")
-            leaves = []
-            for _ in range(nleaves):
-                part = bytes(take(u("H")[0])).decode("utf-8", "replace")
-                code, ndim = u("BB")
-                leaves.append((part, code, u(f"{ndim}I")))
-            tensors.append((form, leaves))
-        for _ in range(u("I")[0]):  # declared: counted, never built (and refused in replies)
-            string()
-            _, ndim = u("BB")
-            u(f"{ndim}Q")
-    except (struct.error, ValueError):
-        return 0
-    total, buf = 0, pos
-    for form, leaves in tensors:
-        claims, plain = [], 0
-        for part, code, dims in leaves:
-            n = math.prod(dims)
-            size = n * _ITEMSIZE.get(code, 1)
-            if part.rsplit("/", 1)[-1] == "_shape" and code == _INT64 and len(dims) == 1 and buf + size <= len(view):
-                shape = struct.unpack_from(f"<{n}q", view, buf)
-                claims.append(math.prod(max(d, 0) for d in shape))
-            elif not part.rsplit("/", 1)[-1].startswith("_"):
-                plain += n
-            buf += size
-        total += sum(claims) if claims else plain
-    return total
-
-
 def decode_reply(data: Any, budget: ReplyBudget, codec_for: Callable[[str], str]) -> Message:
     """Decode one message a peer sent, within ``budget``; ``codec_for(kind)`` is the codec
     spec the run configured for that kind on this link: any other codec is refused, so
@@ -174,14 +116,8 @@ def decode_reply(data: Any, budget: ReplyBudget, codec_for: Callable[[str], str]
         raise Rejected("wire", f"a message is a {type(data).__name__}, not bytes")
     if len(data) > budget.max_bytes:
         raise Rejected("wire", f"a message of {len(data)} bytes exceeds the budget of {budget.max_bytes}")
-    # TODO(issue14-merge): replace this pre-check and the call below by
-    # ``decode_with_codec(data, budget=DecodeBudget(...))`` of comm/wire.py, with the budget
-    # built from ``budget`` (max_bytes, max_elements); keep the except clauses.
-    claimed = _claimed_elements(bytes(data))
-    if claimed > budget.max_elements:
-        raise Rejected("wire", f"a message claims {claimed} elements, over the budget of {budget.max_elements}")
     try:
-        msg, codec = decode_with_codec(bytes(data))
+        msg, codec = decode_with_codec(bytes(data), budget.decode_budget())
     except WireError as e:
         raise Rejected("wire", str(e).splitlines()[0] if str(e) else "malformed message") from None
     except Exception as e:  # noqa: BLE001 - hostile bytes must not end the receiver (RecursionError, ...)
@@ -202,26 +138,21 @@ def decode_reply(data: Any, budget: ReplyBudget, codec_for: Callable[[str], str]
 Expected = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
 
 
-def check_tensors(msg: Message, expected: Optional[Expected] = None) -> None:
-    """Non-finite values and wrong shapes/dtypes (reasons ``nonfinite``, ``shape``).
+def check_tensors(msg: Message, expected: Optional[Expected] = None, partial: bool = False) -> None:
+    """Non-finite values and wrong shapes/dtypes (reasons ``nonfinite``, ``shape``, ``dtype``).
 
     ``expected``: name -> (shape, dtype) of the tensors the receiver knows (the server's
-    model); other names are only checked for dtype and finiteness."""
-    # TODO(issue14-merge): call the shared receiver-side validation of comm/network.py
-    # here (same rules, same reasons) instead of repeating them.
+    model; ``partial``: a declared sub-model, see ``Algorithm.partial_kinds``); the rules
+    are the simulator's (:func:`lowband.comm.validate.shape_problem` and
+    :func:`~lowband.comm.validate.content_problem`). On top, since no built-in client
+    sends anything else: a floating tensor must be float32, and none may be complex."""
     for name, t in msg.tensors.items():
-        if t.is_complex():
-            raise Rejected("shape", f"tensor {name!r} is {t.dtype}")
-        if expected is not None and name in expected:
-            shape, dtype = expected[name]
-            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-                raise Rejected("shape", f"tensor {name!r} is {t.dtype}{list(t.shape)}, expected "
-                                        f"{dtype}{list(shape)}")
-        if t.is_floating_point():
-            if t.dtype != torch.float32:
-                raise Rejected("shape", f"tensor {name!r} arrived as {t.dtype}; every codec delivers float32")
-            if not bool(torch.isfinite(t).all()):
-                raise Rejected("nonfinite", f"tensor {name!r} holds NaN or infinite values")
+        if t.is_complex() or (t.is_floating_point() and t.dtype != torch.float32):
+            raise Rejected("dtype", f"tensor {name!r} arrived as {t.dtype}; clients send float32")
+    problem = shape_problem(msg, expected, partial) if expected is not None else None
+    problem = problem or content_problem(msg)
+    if problem is not None:
+        raise Rejected(*problem)
 
 
 def check_meta(meta: Mapping[str, Any], max_examples: int) -> None:
