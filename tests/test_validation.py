@@ -100,6 +100,10 @@ def test_norm_outliers_rule() -> None:
     assert norm_outliers([m(0), m(0), m(5)], 10.0) == {}
     with pytest.raises(ValueError, match="norm_factor"):
         ValidationPolicy(norm_factor=1.0)
+    for bad in (0.5, 1.0, -3.0):
+        with pytest.raises(ConfigError, match="norm_factor"):
+            validate({"comm": {"norm_factor": bad}})
+    assert validate({}).comm.norm_factor == 100.0 and validate({"comm": {"norm_factor": 0}}).comm.norm_factor == 0
 
 
 def _net(policy: ValidationPolicy = ValidationPolicy(), codec: str = "fp32", expected=None) -> Network:
@@ -224,7 +228,8 @@ def _huge_lr_for(monkeypatch, module, node: int) -> None:
 @pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg"])
 def test_lr_1e6_client_is_a_norm_outlier(tmp_path: Path, monkeypatch, algorithm: str) -> None:
     """lr=1e6 gives huge but finite weights (norm ~1e23 on digits): only the norm screen
-    (comm.norm_factor, off by default) catches them; then the run equals the one without."""
+    (comm.norm_factor) catches them, by default (100) as at 10; then the run equals the
+    one without. With the screen off (0) the poisoned run differs (it is what's caught)."""
     def cfg(name: str, **over) -> dict:
         c = _fedavg_cfg(tmp_path, name) if algorithm == "fedavg" else digits_config(tmp_path / name, algorithm, rounds=3)
         c.update(over)
@@ -232,13 +237,18 @@ def test_lr_1e6_client_is_a_norm_outlier(tmp_path: Path, monkeypatch, algorithm:
 
     minus = _run(cfg("minus", faults=_without(0, 3)))
     _huge_lr_for(monkeypatch, fedavg if algorithm == "fedavg" else decentralized, 0)
-    guarded = _run(cfg("lr", comm={"norm_factor": 10.0}))
-    assert _total(guarded, "rejected/norm") == (3 if algorithm == "fedavg" else 9)
-    assert _total(guarded, "rejected/nonfinite") == 0
     nodes = [SERVER] if algorithm == "fedavg" else list(range(1, 8))
-    for n in nodes:
-        a, b = guarded.executor.states[n]["params"], minus.executor.states[n]["params"]
-        assert all(torch.equal(a[k], b[k]) for k in a), n
+    for name, comm in (("default", {}), ("f10", {"norm_factor": 10.0})):
+        guarded = _run(cfg(name, comm=comm))
+        assert _total(guarded, "rejected/norm") == (3 if algorithm == "fedavg" else 9)
+        assert _total(guarded, "rejected/nonfinite") == 0
+        for n in nodes:
+            a, b = guarded.executor.states[n]["params"], minus.executor.states[n]["params"]
+            assert all(torch.equal(a[k], b[k]) for k in a), n
+    off = _run(cfg("off", comm={"norm_factor": 0}))
+    assert _total(off, "rejected/norm") == 0
+    a, b = off.executor.states[nodes[0]]["params"], minus.executor.states[nodes[0]]["params"]
+    assert not all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_diverging_client_is_reported_and_its_update_rejected(tmp_path: Path, monkeypatch) -> None:

@@ -155,8 +155,17 @@ class CommConfig(_Strict):
     #: "reject" (not delivered, counted as rejected/<reason>) or "abort" (the run stops)
     on_invalid: Literal["reject", "abort"] = "reject"
     #: reject messages whose norm exceeds norm_factor x the median of the same-kind
-    #: messages in the receiver's inbox (>= 3 of them); unset: off
-    norm_factor: Optional[float] = Field(None, gt=1, allow_inf_nan=False)
+    #: messages in the receiver's inbox (>= 3 of them); 0: off. The default (100) is far
+    #: above benign spread (no rejection in any algorithm's learning-tier run even at 10)
+    #: and far below an exploding client's (lr = 1e6: ~1e20 x the median)
+    norm_factor: float = Field(100.0, allow_inf_nan=False)
+
+    @field_validator("norm_factor")
+    @classmethod
+    def _norm_factor(cls, v: float) -> float:
+        if v != 0 and v <= 1:
+            raise ValueError(f"must be 0 (off) or a number > 1, got {v}")
+        return v
 
     @field_validator("by_direction")
     @classmethod

@@ -13,7 +13,7 @@ used by the serial round and by the Ray shards alike), never inside an algorithm
   e.g. FedSPU's selected rows) need only the entry's rank and no larger dimension. The receiver's model is the one :class:`ExpectedShapes` builds for its
   architecture, so a mixed federation checks each node against its own architecture.
 - ``malformed``: the bytes do not decode (a :class:`~lowband.comm.wire.WireError`).
-- ``norm`` (off unless ``norm_factor`` is set): within one receiver's inbox of one step,
+- ``norm`` (``norm_factor``; the config's default is 100, 0 turns it off): within one receiver's inbox of one step,
   among the messages of the same kind (at least :data:`NORM_MIN_GROUP` of them), a
   message whose L2 norm (over all its floating tensors, in float64) exceeds
   ``norm_factor`` times the median norm of the group is an outlier. The median includes

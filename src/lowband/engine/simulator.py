@@ -223,7 +223,7 @@ class Simulation:
             self.model_size = count_params(builder(0))
             self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(mix)} if mix else {}
         with config_errors("comm"):
-            policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor,
+            policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor or None,
                                       partial_kinds=frozenset(self.alg.partial_kinds))
             self.network = Network(
                 CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
