@@ -197,6 +197,69 @@ class FaultsConfig(_Strict):
         return self
 
 
+class LinkDirectionConfig(_Strict):
+    """Overrides of one direction of the ``[links]`` preset (see lowband.comm.links); unset keys keep the preset's."""
+
+    bps: Optional[float] = Field(None, gt=0, description="bit/s on the air")
+    latency_s: Optional[float] = Field(None, ge=0)
+    loss: Optional[float] = Field(None, ge=0, lt=1, description="frame loss probability (re-sent until it arrives)")
+    frame_payload: Optional[int] = Field(None, ge=1)
+    frame_overhead: Optional[int] = Field(None, ge=0)
+    frame_time_s: Optional[float] = Field(None, ge=0)
+    duty_cycle: Optional[float] = Field(None, gt=0, le=1)
+
+
+class LinksConfig(_Strict):
+    """Link models that turn the ledger's bytes into simulated time (lowband.comm.links); off when absent."""
+
+    preset: str
+    up: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
+    down: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
+    contact_period_s: Optional[float] = Field(None, gt=0)
+    contact_duration_s: Optional[float] = Field(None, gt=0)
+    contact_offset_s: Optional[float] = Field(None, ge=0)
+    #: per-node presets: preset name -> node ids (the other nodes use ``preset`` with the overrides)
+    nodes: dict[str, list[int]] = Field(default_factory=dict)
+    #: local compute: compute_s + 3 x forward FLOPs x samples / device_flops per round (0: no FLOP term)
+    device_flops: float = Field(1e9, ge=0)
+    compute_s: float = Field(0.0, ge=0)
+    #: a reply (up or peer) arriving later than this many seconds after the round start is dropped
+    deadline_s: Optional[float] = Field(None, gt=0)
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str) -> str:
+        from lowband.comm.links import PRESETS
+
+        if v not in PRESETS:
+            raise ValueError(f"unknown link preset {v!r}; available: {', '.join(PRESETS)} (lowband list links)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        from lowband.comm.links import PRESETS
+
+        seen: set[int] = set()
+        for name, ids in v.items():
+            if name not in PRESETS:
+                raise ValueError(f"unknown link preset {name!r}; available: {', '.join(PRESETS)}")
+            for i in ids:
+                if i < 0:
+                    raise ValueError(f"{name}: node ids start at 0, got {i}")
+                if i in seen:
+                    raise ValueError(f"node {i} is given two presets; list each node once")
+                seen.add(i)
+        return v
+
+    @model_validator(mode="after")
+    def _profiles(self) -> "LinksConfig":
+        from lowband.comm.links import configured_profiles
+
+        configured_profiles(self)  # raises ValueError naming what is inconsistent (e.g. the contact window)
+        return self
+
+
 class EvalConfig(_Strict):
     """Which evaluation protocols run, how often, and the target for rounds/bytes-to-target."""
 
@@ -244,6 +307,8 @@ class Experiment(_Strict):
     comm: CommConfig = Field(default_factory=CommConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    #: link models (simulated time); None: not timed, and nothing about time is written
+    links: Optional[LinksConfig] = None
 
     @field_validator("out_dir")
     @classmethod
@@ -418,10 +483,25 @@ def validate(raw: dict[str, Any]) -> Experiment:
                 line += f"; allowed: {', '.join(allowed)}"
         raise ConfigError(line) from None
     _validate_plugins(exp)
+    _validate_links(exp)
     from lowband.engine.checks import check_experiment
 
     check_experiment(exp)
     return exp
+
+
+def _validate_links(exp: Experiment) -> None:
+    """What ``[links]`` cannot check alone: node ids exist, the deadline's executor."""
+    if exp.links is None:
+        return
+    n = exp.data.num_clients
+    for name, ids in exp.links.nodes.items():
+        bad = [i for i in ids if i >= n]
+        if bad:
+            raise ConfigError(f"links.nodes.{name}: node {bad[0]} does not exist (nodes are 0..{n - 1})")
+    if exp.links.deadline_s is not None and exp.executor == "ray":
+        raise ConfigError("links.deadline_s: drops late replies in the serial round loop only; use executor = "
+                          "\"serial\" or leave links.deadline_s out (times are still written under ray)")
 
 
 def _validate_plugins(exp: Experiment) -> None:

@@ -32,6 +32,7 @@ import torch
 
 from lowband.algorithms import ALGORITHMS
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, Outbox, Step
+from lowband.comm import links
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network, Transfer, link_direction  # noqa: F401 (re-exported)
 from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, Validator
@@ -233,6 +234,14 @@ class Simulation:
             f = exp.faults
             self.faults = FaultModel(self.num_nodes, exp.seed, dropout=f.dropout, dropout_schedule=f.dropout_schedule,
                                      straggler=f.straggler, slowdown=f.slowdown, deadline=f.deadline)
+        #: [links]: simulated time per round, from the ledger (None: not timed, nothing written)
+        self.timer: Optional[links.LinkTimer] = None
+        self._clock: Optional[links.RoundClock] = None
+        if exp.links is not None:
+            with config_errors("links"):
+                self.timer = links.LinkTimer(links.build_link_model(exp.links, compute_s=links.node_compute_seconds(
+                    exp.links, hp=self.alg.hp, n_train=[nd.n_train for nd in self.fed.nodes], model_key=builder.key,
+                    build=builder, input_shape=tuple(self.fed.input_shape))))
         #: round -> metric key -> count (rejections, faults, divergences); checkpointed
         self.incidents: dict[int, dict[str, int]] = {}
         self._logged: set[str] = set()
@@ -287,9 +296,14 @@ class Simulation:
         for src in sorted(outboxes):
             for t in net.encode_outbox(round, src, outboxes[src].items):
                 net.record(round, t)
+                dsts = t.dsts
+                if self._clock is not None and t.data is not None:  # [links] deadline: late replies are not delivered
+                    n = len(t.data) + int(t.declared)
+                    dsts = tuple(d for d in dsts if self._clock.on_time(self._clock.transfer(src, d, t.direction, n))
+                                 or t.direction == "down")
                 if not deliver:
                     continue
-                dsts = faults.deliverable(src, t.dsts) if faults.any else t.dsts
+                dsts = faults.deliverable(src, dsts) if faults.any else dsts
                 for dst, m in net.receive(t.data, src, dsts, round=round, kind=t.kind, stand_in=t.stand_in).items():
                     inboxes.setdefault(dst, []).append(Envelope(src, m))
         inboxes = net.screen(round, inboxes)
@@ -328,6 +342,8 @@ class Simulation:
         """Counts of rounds ``since < r <= upto``: nonzero keys, plus the fault counts of a
         run with faults configured."""
         rec: dict[str, int] = {"faults/dropped": 0, "faults/late": 0} if self.faults.enabled else {}
+        if self.timer is not None and self.timer.model.deadline_s is not None:
+            rec["links/late"] = 0
         for r in range(since + 1, upto + 1):
             for k, v in self.incidents.get(r, {}).items():
                 rec[k] = rec.get(k, 0) + v
@@ -359,6 +375,9 @@ class Simulation:
             self.ledger.load_state_dict(ckpt["ledger"])
             self.incidents = {int(r): {str(k): int(v) for k, v in per.items()}
                               for r, per in ckpt.get("incidents", {}).items()}
+            if self.timer is not None:  # simulated times are a function of the ledger: replay them
+                for r in range(1, start + 1):
+                    self.timer.finish(self.ledger, r)
             log.truncate_after(start)
         else:
             if log is not None:
@@ -382,6 +401,8 @@ class Simulation:
             faults = self.faults.round(r) if self.faults.enabled else NO_FAULTS
             round_plan = faults.apply(plan)
             steps = self.alg.steps(r, round_plan)
+            if self.timer is not None and self.timer.model.deadline_s is not None:
+                self._clock = self.timer.live(r)
             if faults.dropped:
                 self._note(r, "faults/dropped", dropped_count(faults, plan, steps))
                 steps = [Step(s.name, faults.actors(s.actors), s.fn) for s in steps]
@@ -397,6 +418,11 @@ class Simulation:
                 cols = self.ledger.columns()
                 self._note(r, "faults/late", len(faults.late & set(cols["src"][cols["round"] == r].tolist())))
             self._collect(r)
+            if self.timer is not None:
+                self.timer.finish(self.ledger, r)
+                if self._clock is not None:
+                    self._note(r, "links/late", self._clock.late)
+                    self._clock = None
             t_train = time.perf_counter() - t0
             t1 = time.perf_counter()
             if r % exp.eval.every == 0 or r == exp.rounds:
@@ -425,6 +451,10 @@ class Simulation:
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
         )
+        if self.timer is not None:  # simulated time to the main metric's target ([links] only)
+            hit = summary.get("rounds_to_target")
+            summary["sim_time_s"] = self.timer.elapsed(exp.rounds)
+            summary["time_to_target_s"] = self.timer.elapsed(hit) if hit is not None else None
         if log is not None:
             log.write_ledger(self.ledger)
             log.write_summary(summary)
@@ -434,6 +464,8 @@ class Simulation:
         rec: dict[str, Any] = {"round": r}
         rec.update(self.evaluator(r, plan))
         rec.update(self.byte_record(r))
+        if self.timer is not None:
+            rec.update(self.timer.record(r))
         self.traffic.check()
         if self.alg.has_server:  # the algorithm's own per-round diagnostics (measurement only)
             extra = self.executor.map_nodes(partial(_round_metrics, alg=self.alg), [SERVER], r, plan)[SERVER]

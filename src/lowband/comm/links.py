@@ -1,0 +1,469 @@
+"""Link models: the ledger's bytes become simulated time (``[links]``).
+
+A link model never changes what an algorithm computes; it reads the ledger after each
+round and says how long the round would have taken on real links (design notes,
+"One round loop"). The one exception is ``links.deadline_s``: a reply that would
+arrive after the round deadline is not delivered (it is counted, as the faults
+module's late replies are), see :meth:`RoundClock.transfer`.
+
+**One direction of one link** (:class:`Direction`). A message of ``B`` bytes (encoded
+plus declared, the bytes that would cross the link) is cut into
+``n = ceil(B / frame_payload)`` frames; each frame carries ``frame_overhead`` header
+bytes, so ``B + n * frame_overhead`` bytes go on the air. A frame of ``b`` payload
+bytes occupies the channel for ``frame_time_s + 8 * (b + frame_overhead) / bps``
+seconds (``frame_time_s``: what a nominal bit rate does not cover, a LoRa preamble).
+A frame is lost with probability ``loss`` and re-sent until it arrives, so it is sent
+``1 / (1 - loss)`` times on average: the **expected** number of transmissions is used
+(not sampled), which keeps simulated times deterministic and metrics byte-identical
+across runs, executors and resumes. With a duty cycle ``d`` < 1 a transmitter that
+occupied the channel ``t`` seconds stays silent ``t * (1/d - 1)`` seconds before its
+next frame (the LoRaWAN / ETSI EN 300 220 rule). The message arrives ``latency_s``
+after its last frame ends.
+
+**Contact windows** (:class:`LinkProfile`). A link with ``contact_period_s`` is usable
+only while ``(t - contact_offset_s) mod contact_period_s < contact_duration_s``
+(absolute simulated time ``t``, counted from the start of round 1): a transfer
+progresses inside windows and pauses outside them (a LEO satellite pass).
+
+**A round** (:class:`RoundClock`), replayed from the round's ledger rows in the order
+they were recorded. Each node's link is its own (no shared medium, no gateway
+contention): a download to client ``c`` runs on ``c``'s downlink, transfers to the same
+client one after another; a sender starts sending once its downloads of the round have
+arrived and its local compute (:func:`compute_seconds`) is done, and sends its messages
+one after another on its uplink (peer messages use the sender's uplink). The round lasts
+until the last message arrives: the slowest participant for a star round, the slowest
+edge (hence the slowest node) for a peer round. With ``deadline_s`` the round ends at
+the deadline at the latest, and a reply (up or peer) arriving later is dropped.
+One exchange per round is assumed (download, compute, upload); an algorithm with
+several exchange phases in a round is timed as if they overlapped where the ledger
+order allows it. Rounds without traffic take no time. The server's own compute is not
+counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .message import DIRECTIONS
+
+__all__ = ["Direction", "LinkProfile", "PRESETS", "LinkModel", "RoundClock", "LinkTimer",
+           "frames", "transmit", "compute_seconds", "forward_flops", "build_link_model"]
+
+#: the parameters a direction has, with their units (``[links.up]`` / ``[links.down]`` keys)
+DIRECTION_KEYS = {
+    "bps": "bit/s on the air",
+    "latency_s": "seconds from the end of the last frame to arrival",
+    "loss": "probability a frame is lost (re-sent until it arrives)",
+    "frame_payload": "payload bytes per frame at most",
+    "frame_overhead": "header bytes per frame",
+    "frame_time_s": "fixed seconds per frame (preamble)",
+    "duty_cycle": "fraction of time the transmitter may occupy the channel",
+}
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction of a link (see the module docstring for the arithmetic)."""
+
+    bps: float
+    latency_s: float = 0.0
+    loss: float = 0.0
+    frame_payload: int = 1460
+    frame_overhead: int = 40
+    frame_time_s: float = 0.0
+    duty_cycle: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.bps > 0 and math.isfinite(self.bps)):
+            raise ValueError(f"bps must be a finite number > 0, got {self.bps!r}")
+        if not 0.0 <= self.loss < 1.0:
+            raise ValueError(f"loss must be in [0, 1) (a frame lost with probability 1 never arrives), got {self.loss!r}")
+        if not 0.0 < self.duty_cycle <= 1.0:
+            raise ValueError(f"duty_cycle must be in (0, 1], got {self.duty_cycle!r}")
+        if int(self.frame_payload) < 1 or int(self.frame_overhead) < 0:
+            raise ValueError("frame_payload must be >= 1 and frame_overhead >= 0")
+        if self.latency_s < 0 or self.frame_time_s < 0:
+            raise ValueError("latency_s and frame_time_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A node's link: ``up`` (node -> server, and node -> peer) and ``down`` (server -> node),
+    and optional contact windows shared by both directions."""
+
+    name: str
+    description: str
+    up: Direction
+    down: Direction
+    contact_period_s: Optional[float] = None
+    contact_duration_s: Optional[float] = None
+    contact_offset_s: float = 0.0
+    #: where each figure comes from (shown in docs and ``lowband list links``)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        p, d = self.contact_period_s, self.contact_duration_s
+        if (p is None) != (d is None):
+            raise ValueError("contact_period_s and contact_duration_s go together (a window of "
+                             "contact_duration_s every contact_period_s)")
+        if p is not None and not (0 < d <= p):  # type: ignore[operator]
+            raise ValueError(f"need 0 < contact_duration_s <= contact_period_s, got {d!r} and {p!r}")
+
+    @property
+    def windows(self) -> Optional[tuple[float, float, float]]:
+        if self.contact_period_s is None or self.contact_duration_s is None:
+            return None
+        if self.contact_duration_s >= self.contact_period_s:
+            return None  # always reachable
+        return (float(self.contact_period_s), float(self.contact_duration_s), float(self.contact_offset_s))
+
+
+# --------------------------------------------------------------------------- presets
+# Figures and their sources are listed in docs/user-guide.md ("Link models").
+_TCP_IP = dict(frame_payload=1460, frame_overhead=40)  # MTU 1500 (RFC 894) - IPv4 20 B (RFC 791) - TCP 20 B (RFC 793)
+_UDP_IP = dict(frame_payload=1472, frame_overhead=28)  # MTU 1500 - IPv4 20 B - UDP 8 B (RFC 768)
+_SF12_PREAMBLE = 12.25 * 2 ** 12 / 125e3  # (8 + 4.25) symbols of 2^SF / BW s (Semtech SX1276 datasheet 4.1.1)
+_SF7_PREAMBLE = 12.25 * 2 ** 7 / 125e3
+
+PRESETS: dict[str, LinkProfile] = {p.name: p for p in [
+    LinkProfile(
+        "lorawan_sf12", "LoRaWAN EU868 DR0 (SF12/125 kHz): 250 bit/s, 51 B per frame, 1% duty cycle up",
+        up=Direction(bps=250, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_PREAMBLE, duty_cycle=0.01),
+        down=Direction(bps=250, latency_s=2.0, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_PREAMBLE,
+                       duty_cycle=0.1),
+        source="LoRaWAN Regional Parameters RP002 (EU863-870: DR0 = SF12/125 kHz 250 bit/s, N = 51; RX2 869.525 MHz "
+               "DR0, RECEIVE_DELAY2 2 s); LoRaWAN L2 TS001 (13 B: MHDR 1 + FHDR 7 + FPort 1 + MIC 4); ETSI EN 300 "
+               "220-2 (g1 1%, g3 10%); Semtech SX1276 datasheet (preamble 8 + 4.25 symbols)"),
+    LinkProfile(
+        "lorawan_sf7", "LoRaWAN EU868 DR5 (SF7/125 kHz): 5.47 kbit/s, 222 B per frame, 1% duty cycle",
+        up=Direction(bps=5470, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_PREAMBLE, duty_cycle=0.01),
+        down=Direction(bps=5470, latency_s=1.0, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_PREAMBLE,
+                       duty_cycle=0.01),
+        source="LoRaWAN Regional Parameters RP002 (EU863-870: DR5 = SF7/125 kHz 5470 bit/s, N = 222 repeater-"
+               "compatible; RX1 on the uplink channel, RECEIVE_DELAY1 1 s); LoRaWAN L2 TS001 (13 B header); ETSI EN "
+               "300 220-2 (g1 1%); Semtech SX1276 datasheet (preamble)"),
+    LinkProfile(
+        "nbiot", "NB-IoT Cat-NB1: ~62.5 kbit/s up, ~26 kbit/s down (peak), UDP/IPv4, ~1 s latency",
+        up=Direction(bps=62.5e3, latency_s=1.0, **_UDP_IP), down=Direction(bps=26e3, latency_s=1.0, **_UDP_IP),
+        source="3GPP Rel-13 Cat-NB1 peak rates (TS 36.306; ~26 kbit/s DL, ~62.5 kbit/s UL multi-tone); latency "
+               "typical (3GPP TR 45.820 targets <= 10 s; field 0.3-10 s); UDP/IPv4 headers RFC 768/791"),
+    LinkProfile(
+        "ltem", "LTE-M Cat-M1 (half duplex): ~375 kbit/s up, ~300 kbit/s down, TCP/IPv4, ~50 ms",
+        up=Direction(bps=375e3, latency_s=0.05, **_TCP_IP), down=Direction(bps=300e3, latency_s=0.05, **_TCP_IP),
+        source="3GPP Rel-13 Cat-M1 HD-FDD peak rates (TS 36.306; 1 Mbit/s full duplex); latency typical "
+               "(10-15 ms design target, 50-200 ms in the field); TCP/IPv4 headers RFC 791/793"),
+    LinkProfile(
+        "lte", "LTE (typical, not peak): 5 Mbit/s up, 20 Mbit/s down, TCP/IPv4, 50 ms",
+        up=Direction(bps=5e6, latency_s=0.05, **_TCP_IP), down=Direction(bps=20e6, latency_s=0.05, **_TCP_IP),
+        source="typical user throughput (Cat-4 peak is 50/150 Mbit/s, TS 36.306; measured medians 5-30 Mbit/s "
+               "down, 2-10 Mbit/s up); latency typical 30-100 ms; TCP/IPv4 headers RFC 791/793"),
+    LinkProfile(
+        "wifi", "Wi-Fi 802.11n (typical): 50 Mbit/s both ways, TCP/IPv4, 5 ms",
+        up=Direction(bps=50e6, latency_s=0.005, **_TCP_IP), down=Direction(bps=50e6, latency_s=0.005, **_TCP_IP),
+        source="typical TCP throughput of 802.11n (PHY up to 600 Mbit/s, IEEE 802.11-2009; a 20 MHz 2.4 GHz link "
+               "gives 20-100 Mbit/s); latency typical 1-10 ms; TCP/IPv4 headers RFC 791/793"),
+    LinkProfile(
+        "leo_uhf", "LEO CubeSat UHF pass: 9.6 kbit/s, AX.25 frames of 256 B, a 10-minute contact every 95 minutes",
+        up=Direction(bps=9600, latency_s=0.01, frame_payload=256, frame_overhead=20),
+        down=Direction(bps=9600, latency_s=0.01, frame_payload=256, frame_overhead=20),
+        contact_period_s=5700.0, contact_duration_s=600.0,
+        source="9600 bit/s G3RUH GMSK, the common CubeSat UHF rate; AX.25 v2.2 (N1 = 256 B info field; 20 B: "
+               "2 flags + 14 address + control + PID + 2 FCS); orbit period ~95 min at ~550 km (Kepler), a pass "
+               "typical 5-10 min above 10 degrees elevation; propagation 2-7 ms (600-2000 km slant range)"),
+]}
+
+
+# --------------------------------------------------------------------------- one message
+def frames(nbytes: int, d: Direction) -> tuple[int, int, int]:
+    """``(frames, header bytes, payload bytes of the last frame)`` of a ``nbytes`` message
+    (an empty message still takes one frame: a header)."""
+    nbytes = int(nbytes)
+    n = max(1, -(-nbytes // int(d.frame_payload)))
+    last = nbytes - (n - 1) * int(d.frame_payload)
+    return n, n * int(d.frame_overhead), last
+
+
+def frame_airtime(payload: int, d: Direction) -> float:
+    """Seconds one frame of ``payload`` bytes occupies the channel (one transmission)."""
+    return d.frame_time_s + 8.0 * (payload + d.frame_overhead) / d.bps
+
+
+def _advance(t: float, need: float, win: Optional[tuple[float, float, float]]) -> float:
+    """The time at which ``need`` seconds of in-window channel time, starting at ``t``, are done."""
+    if win is None or need <= 0:
+        return t + need
+    period, dur, off = win
+    phase = (t - off) % period
+    if phase >= dur:  # closed: wait for the next window
+        t += period - phase
+        phase = 0.0
+    left = dur - phase
+    if need <= left:
+        return t + need
+    need -= left
+    t += left + (period - dur)  # the start of the next window
+    full = math.floor(need / dur)
+    rest = need - full * dur
+    if rest <= 0:  # ends exactly at the end of a window
+        return t + (full - 1) * period + dur
+    return t + full * period + rest
+
+
+@dataclass(frozen=True)
+class Tx:
+    """One message sent: ``end`` of its last frame, ``arrival`` (end + latency) and
+    ``free`` (when the transmitter may send again, after the duty-cycle silence)."""
+
+    start: float
+    end: float
+    arrival: float
+    free: float
+    frames: int
+    header_bytes: int
+    airtime: float  # channel time, retransmissions included
+
+
+def transmit(d: Direction, nbytes: int, start: float = 0.0,
+             windows: Optional[tuple[float, float, float]] = None) -> Tx:
+    """Send ``nbytes`` over direction ``d`` from time ``start`` (see the module docstring)."""
+    n, header, last = frames(nbytes, d)
+    k = 1.0 / (1.0 - d.loss)  # expected transmissions per frame (geometric)
+    a_full = k * frame_airtime(int(d.frame_payload), d)
+    a_last = k * frame_airtime(last, d)
+    off = 1.0 / d.duty_cycle - 1.0
+    busy = (n - 1) * a_full + a_last
+    if windows is None:
+        end = start + busy + (n - 1) * a_full * off
+    elif off == 0.0:
+        end = _advance(start, busy, windows)
+    else:  # frame by frame: each pauses outside windows, silences run in real time
+        t = start
+        for i in range(n):
+            a = a_full if i < n - 1 else a_last
+            t = _advance(t, a, windows)
+            if i < n - 1:
+                t += a * off
+        end = t
+    return Tx(start, end, end + d.latency_s, end + a_last * off, n, header, busy)
+
+
+# --------------------------------------------------------------------------- compute
+def forward_flops(model: Any, input_shape: Sequence[int]) -> int:
+    """FLOPs of one forward pass of one sample, counted by torch's FlopCounterMode (matmul
+    and convolution FLOPs from shapes: deterministic); falls back to 2 x parameters."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = sum(p.numel() for p in model.parameters())
+    for dtype in (torch.float32, torch.long):
+        try:
+            x = torch.zeros((1, *input_shape), dtype=dtype)
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                model(x)
+            flops = int(counter.get_total_flops())
+            return flops if flops > 0 else 2 * params
+        except Exception:  # noqa: BLE001 - a model that needs other inputs: use the estimate below
+            continue
+    return 2 * params
+
+
+def samples_per_round(hp: Any, n_train: int) -> int:
+    """Training samples a node processes in one round, estimated from the algorithm's
+    hyperparameters: ``local_epochs x n_train``, else ``iterations x batch_size``, else one
+    pass over ``n_train``."""
+    if hasattr(hp, "local_epochs"):
+        return int(hp.local_epochs) * int(n_train)
+    if hasattr(hp, "iterations") and hasattr(hp, "batch_size"):
+        return int(hp.iterations) * int(hp.batch_size)
+    return int(n_train)
+
+
+def compute_seconds(fwd_flops: int, samples: int, device_flops: Optional[float], fixed_s: float = 0.0) -> float:
+    """Seconds of local compute in a round: ``fixed_s`` plus ``3 x forward FLOPs x samples /
+    device_flops`` (backward ~ 2 x forward, the usual "6 N per sample" rule for N MACs)."""
+    t = float(fixed_s)
+    if device_flops:
+        t += 3.0 * float(fwd_flops) * float(samples) / float(device_flops)
+    return t
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+@dataclass
+class LinkModel:
+    """Every node's link profile, its local compute time per round, and the deadline."""
+
+    default: LinkProfile
+    per_node: Mapping[int, LinkProfile] = field(default_factory=dict)
+    compute_s: Sequence[float] = ()
+    deadline_s: Optional[float] = None
+
+    def profile(self, node: int) -> LinkProfile:
+        return self.per_node.get(int(node), self.default)
+
+    def compute(self, node: int) -> float:
+        return float(self.compute_s[node]) if 0 <= node < len(self.compute_s) else 0.0
+
+    def clock(self, t0: float = 0.0) -> "RoundClock":
+        return RoundClock(self, t0)
+
+
+class RoundClock:
+    """Times the transfers of one round in the order they are recorded (module docstring).
+
+    ``t0`` is the round's absolute start (contact windows are absolute); every time
+    returned is relative to it."""
+
+    def __init__(self, model: LinkModel, t0: float = 0.0):
+        self.model, self.t0 = model, float(t0)
+        self.down_done: dict[int, float] = {}  # client -> when its downloads so far arrived
+        self.free: dict[tuple[int, str], float] = {}  # (node, "up"/"down") -> transmitter free again
+        self.end = 0.0
+        self.late = 0  # (message, receiver) pairs past the deadline
+
+    def transfer(self, src: int, dst: int, direction: str, nbytes: int) -> float:
+        """Time the transfer ``src -> dst`` of ``nbytes``; returns its arrival time (seconds
+        after the round start). With a deadline, a reply arriving later counts as late:
+        :meth:`on_time` says whether to deliver it."""
+        m = self.model
+        if direction == "down":
+            link, d = dst, m.profile(dst).down
+            start = self.free.get((dst, "down"), 0.0)
+        else:  # up, and peer on the sender's uplink
+            link, d = src, m.profile(src).up
+            ready = self.down_done.get(src, 0.0) + m.compute(src)
+            start = max(ready, self.free.get((src, "up"), 0.0))
+        tx = transmit(d, nbytes, self.t0 + start, m.profile(link).windows)
+        arrival = tx.arrival - self.t0
+        self.free[(link, "down" if direction == "down" else "up")] = tx.free - self.t0
+        if direction == "down":
+            self.down_done[dst] = max(self.down_done.get(dst, 0.0), arrival)
+        elif not self.on_time(arrival):
+            self.late += 1
+        self.end = max(self.end, arrival)
+        return arrival
+
+    def on_time(self, arrival: float) -> bool:
+        return self.model.deadline_s is None or arrival <= self.model.deadline_s
+
+    @property
+    def round_s(self) -> float:
+        """The round's length: the last arrival, cut at the deadline if there is one."""
+        if self.model.deadline_s is not None:
+            return min(self.end, float(self.model.deadline_s))
+        return self.end
+
+
+def replay_round(model: LinkModel, ledger: Any, round: int, t0: float = 0.0) -> RoundClock:
+    """A :class:`RoundClock` fed with round ``round``'s ledger rows in recorded order."""
+    cols = ledger.columns()
+    idx = np.flatnonzero(cols["round"] == round)
+    clock = model.clock(t0)
+    src, dst, dirs = cols["src"][idx], cols["dst"][idx], cols["direction"][idx]
+    nbytes = cols["encoded"][idx] + cols["declared"][idx]
+    for s, t, d, b in zip(src.tolist(), dst.tolist(), dirs.tolist(), nbytes.tolist()):
+        clock.transfer(s, t, DIRECTIONS[d], b)
+    return clock
+
+
+class LinkTimer:
+    """Simulated time per round of a run: replays each finished round's ledger rows.
+
+    Rounds are finished in order (1, 2, ...); finishing round ``r`` again (a resume)
+    forgets the rounds after it. ``time/sim_s`` is a running sum in round order, so it is
+    the same float in every run."""
+
+    def __init__(self, model: LinkModel):
+        self.model = model
+        self._cum: list[float] = [0.0]  # _cum[r]: simulated seconds of rounds 1..r
+        self._round: list[float] = [0.0]  # _round[r]: simulated seconds of round r
+
+    def elapsed(self, upto: int) -> float:
+        """Cumulative simulated seconds of rounds ``1..upto`` (finished ones)."""
+        return self._cum[max(0, min(int(upto), len(self._cum) - 1))]
+
+    def round_s(self, round: int) -> float:
+        r = int(round)
+        return self._round[r] if 1 <= r < len(self._round) else 0.0
+
+    def live(self, round: int) -> RoundClock:
+        """A clock for round ``round`` to feed while it runs (for the deadline)."""
+        return self.model.clock(self.elapsed(round - 1))
+
+    def finish(self, ledger: Any, round: int) -> float:
+        """Time round ``round`` from the ledger (after it ran, or when resuming)."""
+        r = int(round)
+        if not 1 <= r <= len(self._cum):
+            raise ValueError(f"round {r} finished before round {len(self._cum)}")
+        del self._cum[r:], self._round[r:]
+        clock = replay_round(self.model, ledger, r, self._cum[r - 1])
+        self._round.append(clock.round_s)
+        self._cum.append(self._cum[r - 1] + clock.round_s)
+        return clock.round_s
+
+    def record(self, round: int) -> dict[str, float]:
+        """``time/round_s`` (round ``round`` alone) and ``time/sim_s`` (rounds 1..round)."""
+        return {"time/round_s": float(self.round_s(round)), "time/sim_s": float(self.elapsed(round))}
+
+
+# --------------------------------------------------------------------------- from config
+def _override(p: LinkProfile, cfg: Any) -> LinkProfile:
+    up = replace(p.up, **cfg.up.model_dump(exclude_none=True))
+    down = replace(p.down, **cfg.down.model_dump(exclude_none=True))
+    kw: dict[str, Any] = {}
+    for key in ("contact_period_s", "contact_duration_s", "contact_offset_s"):
+        v = getattr(cfg, key)
+        if v is not None:
+            kw[key] = v
+    return replace(p, up=up, down=down, **kw)
+
+
+def configured_profiles(cfg: Any) -> tuple[LinkProfile, dict[int, LinkProfile]]:
+    """The default profile (the preset with the overrides) and the per-node presets of a
+    ``[links]`` config; raises ValueError naming the bad key."""
+    default = _override(PRESETS[cfg.preset], cfg)
+    per_node = {int(n): PRESETS[name] for name, nodes in cfg.nodes.items() for n in nodes}
+    return default, per_node
+
+
+def build_link_model(cfg: Any, *, compute_s: Iterable[float]) -> LinkModel:
+    """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds."""
+    default, per_node = configured_profiles(cfg)
+    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s)
+
+
+def node_compute_seconds(cfg: Any, *, hp: Any, n_train: Sequence[int], model_key: Any, build: Any,
+                         input_shape: Sequence[int]) -> list[float]:
+    """Each node's local compute seconds per round (:func:`compute_seconds`): forward FLOPs of
+    its architecture (counted once per architecture) x the samples it trains on."""
+    flops: dict[str, int] = {}
+    out = []
+    for i, n in enumerate(n_train):
+        key = model_key(i)
+        if cfg.device_flops and key not in flops:
+            flops[key] = forward_flops(build(i), input_shape)
+        out.append(compute_seconds(flops.get(key, 0), samples_per_round(hp, n), cfg.device_flops, cfg.compute_s))
+    return out
+
+
+def describe(p: LinkProfile) -> str:
+    """One line of a profile's parameters (``lowband list links``)."""
+    def d(x: Direction) -> str:
+        s = (f"{x.bps:g} bit/s, latency {x.latency_s:g} s, frames {x.frame_payload}+{x.frame_overhead} B")
+        if x.frame_time_s:
+            s += f" +{x.frame_time_s * 1e3:.1f} ms"
+        if x.loss:
+            s += f", loss {x.loss:g}"
+        if x.duty_cycle < 1:
+            s += f", duty {x.duty_cycle:g}"
+        return s
+    out = f"up: {d(p.up)}; down: {d(p.down)}"
+    if p.windows:
+        out += f"; contact {p.contact_duration_s:g} s every {p.contact_period_s:g} s"
+    return out
