@@ -151,6 +151,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name, info in TOPOLOGIES.items():
             params = ", ".join(f"{k}={v!r}" for k, v in topology_defaults(name).items())
             print(f"  {name:<14} {info['description']}" + (f"  [{params}]" if params else ""))
+    if what in (None, "links"):
+        from lowband.comm.links import PRESETS, describe
+
+        print("links: ([links] preset = NAME; figures and sources in docs/user-guide.md, \"Link models\")")
+        for name, p in PRESETS.items():
+            print(f"  {name:<14} {p.description}\n      {describe(p)}")
     return 0
 
 
@@ -310,8 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metric", help="metric key to compare (default: each run's main metric)")
     c.set_defaults(fn=cmd_compare)
 
-    ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies")
-    ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies"])
+    ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies, "
+                                     "link presets")
+    ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies", "links"])
     ls.set_defaults(fn=cmd_list)
 
     d = sub.add_parser("demo", help="several algorithms on the embedded digits data (no files needed)")

@@ -11,7 +11,8 @@ plus declared, the bytes that would cross the link) is cut into
 ``n = ceil(B / frame_payload)`` frames; each frame carries ``frame_overhead`` header
 bytes, so ``B + n * frame_overhead`` bytes go on the air. A frame of ``b`` payload
 bytes occupies the channel for ``frame_time_s + 8 * (b + frame_overhead) / bps``
-seconds (``frame_time_s``: what a nominal bit rate does not cover, a LoRa preamble).
+seconds (``frame_time_s``: what a nominal bit rate does not cover; for LoRa the preamble,
+PHY header and coding, set so that a full frame lasts its exact time on air).
 A frame is lost with probability ``loss`` and re-sent until it arrives, so it is sent
 ``1 / (1 - loss)`` times on average: the **expected** number of transmissions is used
 (not sampled), which keeps simulated times deterministic and metrics byte-identical
@@ -50,8 +51,8 @@ import numpy as np
 
 from .message import DIRECTIONS
 
-__all__ = ["Direction", "LinkProfile", "PRESETS", "LinkModel", "RoundClock", "LinkTimer",
-           "frames", "transmit", "compute_seconds", "forward_flops", "build_link_model"]
+__all__ = ["Direction", "LinkProfile", "PRESETS", "LinkModel", "RoundClock", "LinkTimer", "frames", "transmit",
+           "lora_time_on_air", "compute_seconds", "forward_flops", "build_link_model", "describe"]
 
 #: the parameters a direction has, with their units (``[links.up]`` / ``[links.down]`` keys)
 DIRECTION_KEYS = {
@@ -60,7 +61,7 @@ DIRECTION_KEYS = {
     "loss": "probability a frame is lost (re-sent until it arrives)",
     "frame_payload": "payload bytes per frame at most",
     "frame_overhead": "header bytes per frame",
-    "frame_time_s": "fixed seconds per frame (preamble)",
+    "frame_time_s": "fixed seconds per frame (preamble, PHY header)",
     "duty_cycle": "fraction of time the transmitter may occupy the channel",
 }
 
@@ -126,26 +127,48 @@ class LinkProfile:
 # Figures and their sources are listed in docs/user-guide.md ("Link models").
 _TCP_IP = dict(frame_payload=1460, frame_overhead=40)  # MTU 1500 (RFC 894) - IPv4 20 B (RFC 791) - TCP 20 B (RFC 793)
 _UDP_IP = dict(frame_payload=1472, frame_overhead=28)  # MTU 1500 - IPv4 20 B - UDP 8 B (RFC 768)
-_SF12_PREAMBLE = 12.25 * 2 ** 12 / 125e3  # (8 + 4.25) symbols of 2^SF / BW s (Semtech SX1276 datasheet 4.1.1)
-_SF7_PREAMBLE = 12.25 * 2 ** 7 / 125e3
+
+
+def lora_time_on_air(phy_payload: int, sf: int, bw: float = 125e3, cr: int = 1, preamble: int = 8,
+                     explicit_header: bool = True, crc: bool = True, ldro: Optional[bool] = None) -> float:
+    """Seconds on air of one LoRa packet of ``phy_payload`` bytes (Semtech SX1276 datasheet
+    section 4.1.1.7, AN1200.13): ``(preamble + 4.25) + 8 + max(ceil((8 PL - 4 SF + 28 + 16 CRC
+    - 20 IH) / (4 (SF - 2 DE))) (CR + 4), 0)`` symbols of ``2^SF / BW`` seconds; low data rate
+    optimisation ``DE`` on when a symbol lasts more than 16 ms (SF11, SF12 at 125 kHz)."""
+    tsym = 2.0 ** sf / bw
+    de = (tsym > 0.016) if ldro is None else ldro
+    num = 8 * phy_payload - 4 * sf + 28 + 16 * int(crc) - 20 * int(not explicit_header)
+    n_payload = 8 + max(math.ceil(num / (4 * (sf - 2 * int(de)))) * (cr + 4), 0)
+    return (preamble + 4.25 + n_payload) * tsym
+
+
+def _lora_frame_time(sf: int, bps: float, payload: int, overhead: int = 13) -> float:
+    """``frame_time_s`` that makes a full frame's airtime equal the LoRa time on air: what the
+    nominal bit rate does not cover (preamble, PHY header and CRC, coding granularity)."""
+    return lora_time_on_air(payload + overhead, sf) - 8.0 * (payload + overhead) / bps
+
+
+_SF12_FRAME = _lora_frame_time(12, 250, 51)  # 2.793472 s on air for 64 B, 2.048 s of it at 250 bit/s
+_SF7_FRAME = _lora_frame_time(7, 5470, 222)  # 0.368896 s on air for 235 B
 
 PRESETS: dict[str, LinkProfile] = {p.name: p for p in [
     LinkProfile(
-        "lorawan_sf12", "LoRaWAN EU868 DR0 (SF12/125 kHz): 250 bit/s, 51 B per frame, 1% duty cycle up",
-        up=Direction(bps=250, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_PREAMBLE, duty_cycle=0.01),
-        down=Direction(bps=250, latency_s=2.0, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_PREAMBLE,
+        "lorawan_sf12", "LoRaWAN EU868 DR0 (SF12/125 kHz): 250 bit/s, 51 B per frame, 1% duty cycle up, 10% down",
+        up=Direction(bps=250, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_FRAME, duty_cycle=0.01),
+        down=Direction(bps=250, latency_s=2.0, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_FRAME,
                        duty_cycle=0.1),
         source="LoRaWAN Regional Parameters RP002 (EU863-870: DR0 = SF12/125 kHz 250 bit/s, N = 51; RX2 869.525 MHz "
                "DR0, RECEIVE_DELAY2 2 s); LoRaWAN L2 TS001 (13 B: MHDR 1 + FHDR 7 + FPort 1 + MIC 4); ETSI EN 300 "
-               "220-2 (g1 1%, g3 10%); Semtech SX1276 datasheet (preamble 8 + 4.25 symbols)"),
+               "220-2 (g1 1%, g3 10%); Semtech SX1276 datasheet 4.1.1.7 (time on air of a full frame, which sets "
+               "frame_time_s)"),
     LinkProfile(
         "lorawan_sf7", "LoRaWAN EU868 DR5 (SF7/125 kHz): 5.47 kbit/s, 222 B per frame, 1% duty cycle",
-        up=Direction(bps=5470, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_PREAMBLE, duty_cycle=0.01),
-        down=Direction(bps=5470, latency_s=1.0, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_PREAMBLE,
+        up=Direction(bps=5470, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_FRAME, duty_cycle=0.01),
+        down=Direction(bps=5470, latency_s=1.0, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_FRAME,
                        duty_cycle=0.01),
         source="LoRaWAN Regional Parameters RP002 (EU863-870: DR5 = SF7/125 kHz 5470 bit/s, N = 222 repeater-"
                "compatible; RX1 on the uplink channel, RECEIVE_DELAY1 1 s); LoRaWAN L2 TS001 (13 B header); ETSI EN "
-               "300 220-2 (g1 1%); Semtech SX1276 datasheet (preamble)"),
+               "300 220-2 (g1 1%); Semtech SX1276 datasheet 4.1.1.7 (time on air of a full frame)"),
     LinkProfile(
         "nbiot", "NB-IoT Cat-NB1: ~62.5 kbit/s up, ~26 kbit/s down (peak), UDP/IPv4, ~1 s latency",
         up=Direction(bps=62.5e3, latency_s=1.0, **_UDP_IP), down=Direction(bps=26e3, latency_s=1.0, **_UDP_IP),
