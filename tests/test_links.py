@@ -310,8 +310,12 @@ def test_deadline_drops_replies_the_link_cannot_carry(tmp_path: Path) -> None:
     moves; the same run on LTE learns. The dropped replies are counted in the ledger."""
     cfg = digits_config(tmp_path / "lora", "fedavg", rounds=2)
     cfg["links"] = {"preset": "lorawan_sf12", "deadline_s": 3600}
-    lora, _, _ = _run(cfg)
+    sim = Simulation(validate(cfg))
+    lora = sim.run().metrics
     assert [r["links/late"] for r in lora] == [0, 4, 4]
+    for r in (1, 2):  # the clock fed while routing and the replay of the ledger agree
+        replay = replay_round(sim.timer.model, sim.ledger, r, sim.timer.elapsed(r - 1))
+        assert replay.late == 4 and replay.round_s == sim.timer.round_s(r) == 3600.0
     assert lora[1]["global/acc"] == lora[0]["global/acc"] == lora[2]["global/acc"]
     assert [r["time/round_s"] for r in lora[1:]] == [3600.0, 3600.0]
     assert lora[2]["bytes/up"] > 0  # sent, counted, not delivered
@@ -349,3 +353,27 @@ def test_per_node_presets_and_resume(tmp_path: Path) -> None:
     assert model.profile(0).name == "wifi" and model.profile(5).name == "nbiot"
     assert model.profile(5).up.loss == 0.1 and model.profile(0).up.loss == 0.0  # overrides: the default preset
     assert math.isfinite(full[-1]["time/sim_s"]) and full[-1]["time/sim_s"] > 0
+
+
+def test_peer_run_is_timed_per_edge(tmp_path: Path) -> None:
+    """DFedAvg on a 3-regular graph over LTE-M: each round lasts max over nodes of compute +
+    its messages sent one after another, recomputed here from the ledger."""
+    cfg = digits_config(tmp_path, "dfedavg", rounds=2)
+    cfg["links"] = {"preset": "ltem", "compute_s": 0.25}
+    sim = Simulation(validate(cfg))
+    recs = sim.run().metrics
+    up = PRESETS["ltem"].up
+    cols = sim.ledger.columns()
+    for r in (1, 2):
+        m = cols["round"] == r
+        ends = []
+        for node in sorted(set(cols["src"][m].tolist())):
+            t = sim.timer.model.compute(node)
+            assert t > 0.25  # the fixed part plus the FLOP estimate
+            for n in cols["encoded"][m & (cols["src"] == node)].tolist():
+                tx = transmit(up, n, start=t)
+                ends.append(tx.arrival)
+                t = tx.free
+        assert len(ends) == 8 * 3
+        rec = next(x for x in recs if x["round"] == r)
+        assert rec["time/round_s"] == pytest.approx(max(ends), rel=1e-12)
