@@ -19,7 +19,7 @@ from conftest import digits_config
 from lowband.cli import main
 from lowband.comm.ledger import Ledger
 from lowband.comm.links import (PRESETS, Direction, LinkModel, LinkProfile, LinkTimer, compute_seconds, frames,
-                                lora_time_on_air, replay_round, transmit)
+                                lora_time_on_air, replay_round, sample_attempts, transmit)
 from lowband.comm.message import SERVER
 from lowband.config import ConfigError, validate
 from lowband.engine.simulator import Simulation
@@ -79,6 +79,29 @@ def test_retransmissions_are_the_expected_count() -> None:
     sampled = rng.geometric(1 - 0.2, size=(20000, 10)).sum(axis=1).mean() * 0.4  # 10 frames of 0.4 s
     assert sampled == pytest.approx(transmit(Direction(bps=1000, frame_payload=50, frame_overhead=0, loss=0.2),
                                              500).end, rel=0.01)
+
+
+def test_sampled_retransmissions() -> None:
+    """``attempts`` per frame: all ones is the lossless time; seeded geometric draws average
+    to the expected time; the frame-by-frame path (windows) agrees with the closed form when
+    no window closes."""
+    d = Direction(bps=1000, frame_payload=50, frame_overhead=0, loss=0.3, duty_cycle=0.1, latency_s=0.2)
+    ones = np.ones(10, dtype=np.int64)
+    lossless = Direction(**{**d.__dict__, "loss": 0.0})
+    assert transmit(d, 500, attempts=ones).end == pytest.approx(transmit(lossless, 500).end, rel=1e-12)
+    rng = np.random.default_rng(1)
+    draws = [transmit(d, 500, attempts=sample_attempts(d, 500, rng)).end for _ in range(20000)]
+    assert np.mean(draws) == pytest.approx(transmit(d, 500).end, rel=0.01)
+    assert np.std(draws) > 0
+    open_sky = (1e12, 1e12 - 1, 0.0)  # a window that does not close during the message
+    k = np.array([1, 3, 1, 2, 1, 1, 1, 4, 1, 2])
+    for attempts in (None, k):
+        assert transmit(d, 500, windows=open_sky, attempts=attempts).end == pytest.approx(
+            transmit(d, 500, attempts=attempts).end, rel=1e-12)
+    # the last frame's retransmissions are each followed by a silence, its final transmission is not
+    one = Direction(bps=8, frame_payload=1, frame_overhead=0, duty_cycle=0.5)  # 1 s per frame
+    assert transmit(one, 1, attempts=np.array([3])).end == pytest.approx(3 + 2)
+    assert sample_attempts(lossless, 500, rng) is None
 
 
 def test_contact_windows_wait_and_pause() -> None:
@@ -216,6 +239,7 @@ BAD = [
     ({"links": {"preset": "lte", "nodes": {"wifi": [1], "nbiot": [1]}}}, "node 1 is given two presets"),
     ({"links": {"preset": "lte", "nodes": {"wlan": [1]}}}, "unknown link preset 'wlan'"),
     ({"links": {"preset": "lte", "deadline_s": 0}}, "links.deadline_s"),
+    ({"links": {"preset": "lte", "retransmissions": "random"}}, "links.retransmissions"),
     ({"links": {"preset": "lte", "deadline_s": 5}, "executor": "ray"}, "links.deadline_s: drops late replies"),
 ]
 
@@ -348,6 +372,15 @@ def test_per_node_presets_and_resume(tmp_path: Path) -> None:
         Simulation(validate(c), progress=boom).run()
     Simulation(validate(c), resume=True).run()
     assert (Path(c["out_dir"]) / "metrics.jsonl").read_text() == (d_full / "metrics.jsonl").read_text()
+    # sampled retransmissions: deterministic for a seed, not the expectation
+    a = cfg(tmp_path / "s1")
+    a["links"]["retransmissions"] = "sampled"
+    b = cfg(tmp_path / "s2")
+    b["links"]["retransmissions"] = "sampled"
+    sa, sb = _run(a)[0], _run(b)[0]
+    assert sa == sb
+    assert _strip_time(sa) == _strip_time(full)
+    assert [r["time/sim_s"] for r in sa] != [r["time/sim_s"] for r in full]
     sim = Simulation(validate(cfg(tmp_path / "x")))
     model = sim.timer.model
     assert model.profile(0).name == "wifi" and model.profile(5).name == "nbiot"

@@ -225,6 +225,8 @@ class LinksConfig(_Strict):
     compute_s: float = Field(0.0, ge=0)
     #: a reply (up or peer) arriving later than this many seconds after the round start is dropped
     deadline_s: Optional[float] = Field(None, gt=0)
+    #: transmissions per lost-prone frame: their expectation 1 / (1 - loss), or seeded geometric draws
+    retransmissions: Literal["expected", "sampled"] = "expected"
 
     @field_validator("preset")
     @classmethod

@@ -14,12 +14,14 @@ bytes occupies the channel for ``frame_time_s + 8 * (b + frame_overhead) / bps``
 seconds (``frame_time_s``: what a nominal bit rate does not cover; for LoRa the preamble,
 PHY header and coding, set so that a full frame lasts its exact time on air).
 A frame is lost with probability ``loss`` and re-sent until it arrives, so it is sent
-``1 / (1 - loss)`` times on average: the **expected** number of transmissions is used
-(not sampled), which keeps simulated times deterministic and metrics byte-identical
-across runs, executors and resumes. With a duty cycle ``d`` < 1 a transmitter that
-occupied the channel ``t`` seconds stays silent ``t * (1/d - 1)`` seconds before its
-next frame (the LoRaWAN / ETSI EN 300 220 rule). The message arrives ``latency_s``
-after its last frame ends.
+``1 / (1 - loss)`` times on average. By default (``retransmissions = "expected"``) that
+expectation is used; ``"sampled"`` draws each frame's transmissions (geometric) from a
+generator addressed by (seed, "links", round, the message's position in the round's
+ledger rows), so both are deterministic: metrics stay byte-identical across runs,
+executors and resumes. With a duty cycle ``d`` < 1 a transmitter that occupied the
+channel ``t`` seconds stays silent ``t * (1/d - 1)`` seconds before its next
+transmission (the LoRaWAN / ETSI EN 300 220 rule). The message arrives ``latency_s``
+after its last transmission ends.
 
 **Contact windows** (:class:`LinkProfile`). A link with ``contact_period_s`` is usable
 only while ``(t - contact_offset_s) mod contact_period_s < contact_duration_s``
@@ -52,7 +54,7 @@ import numpy as np
 from .message import DIRECTIONS
 
 __all__ = ["Direction", "LinkProfile", "PRESETS", "LinkModel", "RoundClock", "LinkTimer", "frames", "transmit",
-           "lora_time_on_air", "compute_seconds", "forward_flops", "build_link_model", "describe"]
+           "lora_time_on_air", "sample_attempts", "compute_seconds", "forward_flops", "build_link_model", "describe"]
 
 #: the parameters a direction has, with their units (``[links.up]`` / ``[links.down]`` keys)
 DIRECTION_KEYS = {
@@ -251,27 +253,48 @@ class Tx:
 
 
 def transmit(d: Direction, nbytes: int, start: float = 0.0,
-             windows: Optional[tuple[float, float, float]] = None) -> Tx:
-    """Send ``nbytes`` over direction ``d`` from time ``start`` (see the module docstring)."""
+             windows: Optional[tuple[float, float, float]] = None,
+             attempts: Optional[np.ndarray] = None) -> Tx:
+    """Send ``nbytes`` over direction ``d`` from time ``start`` (see the module docstring).
+
+    ``attempts``: how many times each frame is sent (a sampled draw, one entry per frame);
+    None uses the expected ``1 / (1 - loss)``."""
     n, header, last = frames(nbytes, d)
-    k = 1.0 / (1.0 - d.loss)  # expected transmissions per frame (geometric)
-    a_full = k * frame_airtime(int(d.frame_payload), d)
-    a_last = k * frame_airtime(last, d)
+    a_full1, a_last1 = frame_airtime(int(d.frame_payload), d), frame_airtime(last, d)
+    if attempts is None:
+        k = 1.0 / (1.0 - d.loss)  # expected transmissions per frame (geometric)
+        k_full, k_last = k * (n - 1), k
+    else:
+        if len(attempts) != n:
+            raise ValueError(f"attempts has {len(attempts)} entries for {n} frames")
+        k_full, k_last = float(np.sum(attempts[:-1])), float(attempts[-1])
     off = 1.0 / d.duty_cycle - 1.0
-    busy = (n - 1) * a_full + a_last
+    busy = a_full1 * k_full + a_last1 * k_last
+    # every transmission but the very last one (of the last frame) is followed by a silence
     if windows is None:
-        end = start + busy + (n - 1) * a_full * off
+        end = start + busy + (busy - a_last1) * off
     elif off == 0.0:
         end = _advance(start, busy, windows)
-    else:  # frame by frame: each pauses outside windows, silences run in real time
+    else:  # frame by frame: transmissions pause outside windows, silences run in real time
         t = start
         for i in range(n):
-            a = a_full if i < n - 1 else a_last
-            t = _advance(t, a, windows)
+            a = a_full1 if i < n - 1 else a_last1
+            k = float(attempts[i]) if attempts is not None else 1.0 / (1.0 - d.loss)
             if i < n - 1:
-                t += a * off
+                t = _advance(t, a * k, windows) + a * k * off
+            else:  # the last frame's retransmissions, their silences, then its final transmission
+                t = _advance(t, a * (k - 1), windows) + a * (k - 1) * off
+                t = _advance(t, a, windows)
         end = t
-    return Tx(start, end, end + d.latency_s, end + a_last * off, n, header, busy)
+    return Tx(start, end, end + d.latency_s, end + a_last1 * off, n, header, busy)
+
+
+def sample_attempts(d: Direction, nbytes: int, rng: np.random.Generator) -> Optional[np.ndarray]:
+    """Transmissions of each frame of a ``nbytes`` message, each geometric with success
+    probability ``1 - loss`` (None when nothing is lost)."""
+    if d.loss <= 0:
+        return None
+    return rng.geometric(1.0 - d.loss, size=frames(nbytes, d)[0])
 
 
 # --------------------------------------------------------------------------- compute
@@ -326,6 +349,9 @@ class LinkModel:
     per_node: Mapping[int, LinkProfile] = field(default_factory=dict)
     compute_s: Sequence[float] = ()
     deadline_s: Optional[float] = None
+    #: "expected" transmissions per frame, or "sampled" from (seed, "links", round, row)
+    retransmissions: str = "expected"
+    seed: int = 0
 
     def profile(self, node: int) -> LinkProfile:
         return self.per_node.get(int(node), self.default)
@@ -333,8 +359,8 @@ class LinkModel:
     def compute(self, node: int) -> float:
         return float(self.compute_s[node]) if 0 <= node < len(self.compute_s) else 0.0
 
-    def clock(self, t0: float = 0.0) -> "RoundClock":
-        return RoundClock(self, t0)
+    def clock(self, t0: float = 0.0, round: int = 0) -> "RoundClock":
+        return RoundClock(self, t0, round)
 
 
 class RoundClock:
@@ -343,8 +369,9 @@ class RoundClock:
     ``t0`` is the round's absolute start (contact windows are absolute); every time
     returned is relative to it."""
 
-    def __init__(self, model: LinkModel, t0: float = 0.0):
-        self.model, self.t0 = model, float(t0)
+    def __init__(self, model: LinkModel, t0: float = 0.0, round: int = 0):
+        self.model, self.t0, self.round = model, float(t0), int(round)
+        self.rows = 0  # transfers timed so far (the position of the next one in the round's ledger rows)
         self.down_done: dict[int, float] = {}  # client -> when its downloads so far arrived
         self.free: dict[tuple[int, str], float] = {}  # (node, "up"/"down") -> transmitter free again
         self.end = 0.0
@@ -362,7 +389,13 @@ class RoundClock:
             link, d = src, m.profile(src).up
             ready = self.down_done.get(src, 0.0) + m.compute(src)
             start = max(ready, self.free.get((src, "up"), 0.0))
-        tx = transmit(d, nbytes, self.t0 + start, m.profile(link).windows)
+        attempts = None
+        if m.retransmissions == "sampled" and d.loss > 0:
+            from lowband.seeding import np_gen
+
+            attempts = sample_attempts(d, nbytes, np_gen(m.seed, "links", self.round, self.rows))
+        self.rows += 1
+        tx = transmit(d, nbytes, self.t0 + start, m.profile(link).windows, attempts)
         arrival = tx.arrival - self.t0
         self.free[(link, "down" if direction == "down" else "up")] = tx.free - self.t0
         if direction == "down":
@@ -387,7 +420,7 @@ def replay_round(model: LinkModel, ledger: Any, round: int, t0: float = 0.0) -> 
     """A :class:`RoundClock` fed with round ``round``'s ledger rows in recorded order."""
     cols = ledger.columns()
     idx = np.flatnonzero(cols["round"] == round)
-    clock = model.clock(t0)
+    clock = model.clock(t0, round)
     src, dst, dirs = cols["src"][idx], cols["dst"][idx], cols["direction"][idx]
     nbytes = cols["encoded"][idx] + cols["declared"][idx]
     for s, t, d, b in zip(src.tolist(), dst.tolist(), dirs.tolist(), nbytes.tolist()):
@@ -417,7 +450,7 @@ class LinkTimer:
 
     def live(self, round: int) -> RoundClock:
         """A clock for round ``round`` to feed while it runs (for the deadline)."""
-        return self.model.clock(self.elapsed(round - 1))
+        return self.model.clock(self.elapsed(round - 1), round)
 
     def finish(self, ledger: Any, round: int) -> float:
         """Time round ``round`` from the ledger (after it ran, or when resuming)."""
@@ -455,10 +488,10 @@ def configured_profiles(cfg: Any) -> tuple[LinkProfile, dict[int, LinkProfile]]:
     return default, per_node
 
 
-def build_link_model(cfg: Any, *, compute_s: Iterable[float]) -> LinkModel:
+def build_link_model(cfg: Any, *, compute_s: Iterable[float], seed: int = 0) -> LinkModel:
     """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds."""
     default, per_node = configured_profiles(cfg)
-    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s)
+    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s, cfg.retransmissions, int(seed))
 
 
 def node_compute_seconds(cfg: Any, *, hp: Any, n_train: Sequence[int], model_key: Any, build: Any,

@@ -241,7 +241,7 @@ class Simulation:
             with config_errors("links"):
                 self.timer = links.LinkTimer(links.build_link_model(exp.links, compute_s=links.node_compute_seconds(
                     exp.links, hp=self.alg.hp, n_train=[nd.n_train for nd in self.fed.nodes], model_key=builder.key,
-                    build=builder, input_shape=tuple(self.fed.input_shape))))
+                    build=builder, input_shape=tuple(self.fed.input_shape)), seed=exp.seed))
         #: round -> metric key -> count (rejections, faults, divergences); checkpointed
         self.incidents: dict[int, dict[str, int]] = {}
         self._logged: set[str] = set()
