@@ -410,3 +410,15 @@ def test_peer_run_is_timed_per_edge(tmp_path: Path) -> None:
         assert len(ends) == 8 * 3
         rec = next(x for x in recs if x["round"] == r)
         assert rec["time/round_s"] == pytest.approx(max(ends), rel=1e-12)
+
+
+def test_flower_adapter_refuses_links(tmp_path: Path) -> None:
+    """The Flower adapter does not time its rounds: a config with [links] is refused there
+    rather than run without the times it asks for."""
+    pytest.importorskip("flwr")
+    from lowband.flower.adapter import _setup
+
+    cfg = digits_config(tmp_path, "fedavg", rounds=1)
+    cfg["links"] = {"preset": "lte"}
+    with pytest.raises(ValueError, match="links: simulated link time"):
+        _setup(validate(cfg))

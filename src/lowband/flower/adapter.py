@@ -105,6 +105,9 @@ def _check_exportable(sim: Simulation) -> None:
         raise ValueError(f"{alg.name} is a {alg.family}-round algorithm: only server-round algorithms can be "
                          f"exported to Flower (its messages go between a ServerApp and ClientApps; peer-to-peer "
                          f"methods are not expressible there)")
+    if sim.exp.links is not None:
+        raise ValueError("links: simulated link time is written by `lowband run` only; the Flower adapter does not "
+                         "time its rounds (leave [links] out)")
     bad = [p for p in sim.protocols if p not in EVAL_PROTOCOLS]
     if bad:
         raise ValueError(f"eval.protocols: the Flower adapter evaluates {', '.join(EVAL_PROTOCOLS)}; "
