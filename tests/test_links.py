@@ -422,3 +422,16 @@ def test_flower_adapter_refuses_links(tmp_path: Path) -> None:
     cfg["links"] = {"preset": "lte"}
     with pytest.raises(ValueError, match="links: simulated link time"):
         _setup(validate(cfg))
+
+
+def test_cli_run_prints_the_simulated_time(capsys, tmp_path: Path) -> None:
+    import tomli_w
+
+    cfg = digits_config(tmp_path, "fedavg", rounds=1)
+    path = tmp_path / "exp.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    assert main(["run", str(path), "links.preset=lorawan_sf12", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "; simulated link time 16.3 h ->" in out, out
+    assert main(["run", str(path), "--out", str(tmp_path / "plain"), "--quiet"]) == 0
+    assert "simulated" not in capsys.readouterr().out

@@ -78,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from lowband.batch import cmd_run_seeds
 
         return cmd_run_seeds(args, overrides)
+    from lowband.comm.links import format_seconds
+
     exp = load_experiment(args.config, overrides)
     RunLog.check(exp, resume=args.resume)  # refuse an unusable run folder before building anything
     sim = Simulation(exp, resume=args.resume)
@@ -93,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"up {s['bytes_up'] / 1e6:.2f} MB, down {s['bytes_down'] / 1e6:.2f} MB, peer {s['bytes_peer'] / 1e6:.2f} MB"
           + (f" (+{sum(s[f'declared_bytes_{d}'] for d in ('up', 'down', 'peer')) / 1e6:.1f} MB declared)"
              if any(s[f'declared_bytes_{d}'] for d in ('up', 'down', 'peer')) else "")
+          + (f"; simulated link time {format_seconds(s['sim_time_s'])}" if s.get("sim_time_s") is not None else "")
           + f" -> {res.run_dir}")
     return 0
 

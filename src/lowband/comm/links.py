@@ -56,18 +56,6 @@ from .message import DIRECTIONS
 __all__ = ["Direction", "LinkProfile", "PRESETS", "LinkModel", "RoundClock", "LinkTimer", "frames", "transmit",
            "lora_time_on_air", "sample_attempts", "compute_seconds", "forward_flops", "build_link_model", "describe"]
 
-#: the parameters a direction has, with their units (``[links.up]`` / ``[links.down]`` keys)
-DIRECTION_KEYS = {
-    "bps": "bit/s on the air",
-    "latency_s": "seconds from the end of the last frame to arrival",
-    "loss": "probability a frame is lost (re-sent until it arrives)",
-    "frame_payload": "payload bytes per frame at most",
-    "frame_overhead": "header bytes per frame",
-    "frame_time_s": "fixed seconds per frame (preamble, PHY header)",
-    "duty_cycle": "fraction of time the transmitter may occupy the channel",
-}
-
-
 @dataclass(frozen=True)
 class Direction:
     """One direction of a link (see the module docstring for the arithmetic)."""
@@ -506,6 +494,17 @@ def node_compute_seconds(cfg: Any, *, hp: Any, n_train: Sequence[int], model_key
             flops[key] = forward_flops(build(i), input_shape)
         out.append(compute_seconds(flops.get(key, 0), samples_per_round(hp, n), cfg.device_flops, cfg.compute_s))
     return out
+
+
+def format_seconds(t: float) -> str:
+    """``t`` seconds for people: ``0.123 s``, ``52.9 min``, ``16.3 h``, ``4.2 days``."""
+    if t < 120:
+        return f"{t:.3g} s"
+    if t < 7200:
+        return f"{t / 60:.1f} min"
+    if t < 172800:
+        return f"{t / 3600:.1f} h"
+    return f"{t / 86400:.1f} days"
 
 
 def describe(p: LinkProfile) -> str:
