@@ -293,6 +293,7 @@ def forward_flops(model: Any, input_shape: Sequence[int]) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     params = sum(p.numel() for p in model.parameters())
+    model.eval()  # batch norm on one sample
     for dtype in (torch.float32, torch.long):
         try:
             x = torch.zeros((1, *input_shape), dtype=dtype)
