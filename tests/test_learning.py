@@ -163,6 +163,7 @@ CHECKS: dict[str, Check] = {
     "fednova": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
     "fedntd": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
     "moon": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
+    "scaffold": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
     # personalised server methods: the global model they share against the local models on
     # the global test set, and their personal models against the local ones (level at this size)
     "fedala": Check(30, 0.65, vs_local=_personal(-0.03) + _global(0.20), paper=PFL_LEVEL),
