@@ -165,14 +165,16 @@ def test_resume_after_interrupt_is_identical(tmp_path: Path, algorithm: str, alg
 
 def test_fedadam_learns_on_digits() -> None:
     """FedAdam at the paper's defaults on the learning tier's task (tests/test_learning.py):
-    seeds 1-3 reach global/acc .893 / .888 / .899 (FedAvg: .916 / .942 / .890) after 30 rounds."""
+    seeds 1-3 reach global/acc .936 / .930 / .922 after 30 rounds from .050 / .106 / .050
+    (FedAvg: .897 / .905 / .916); with the server's step silently plain SGD at eta = 0.01
+    it stays near chance (measured: .052)."""
     from test_learning import CHANCE, config
 
     cfg = config("fedavg")
     cfg["algorithm"]["server_opt"] = "adam"
     metrics = Simulation(validate(cfg), write=False).run().metrics
     first, last = metrics[0], metrics[-1]
-    assert last["global/acc"] >= max(CHANCE, first["global/acc"]) + 0.60
+    assert last["global/acc"] >= max(CHANCE, first["global/acc"]) + 0.70
 
 
 # -- SCAFFOLD -----------------------------------------------------------------------------
