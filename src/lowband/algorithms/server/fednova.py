@@ -10,8 +10,8 @@ count tau_eff = sum_i p_i a_i (p_i = n_i / sum n) and moves
 w <- w - tau_eff * sum_i p_i d_i.
 
 The server moves along that step with FedAvg's ``server_opt`` (``sgd``: the
-paper's ``w + server_lr * tau_eff * sum_i p_i d_i``; ``avgm`` is the FedNova paper's
-server-momentum variant). When every client takes the same number of steps this is exactly FedAvg; it differs when
+paper's ``w + server_lr * tau_eff * sum_i p_i d_i``; the others treat tau_eff * sum_i p_i d_i
+as their pseudo-gradient). When every client takes the same number of steps this is exactly FedAvg; it differs when
 clients hold different amounts of data (tau_i = epochs * ceil(n_i / B)), which is the
 point of the method. Clients are stateless (``personal`` evaluates the global model).
 """
