@@ -9,9 +9,10 @@ server forms the normalised cumulative updates d_i = (w - w_i) / a_i, the effect
 count tau_eff = sum_i p_i a_i (p_i = n_i / sum n) and moves
 w <- w - tau_eff * sum_i p_i d_i.
 
-The server moves along that step with FedAvg's ``server_opt`` (``sgd``: the
-paper's ``w + server_lr * tau_eff * sum_i p_i d_i``; the others treat tau_eff * sum_i p_i d_i
-as their pseudo-gradient). When every client takes the same number of steps this is exactly FedAvg; it differs when
+The server takes that step with FedAvg's ``server_opt``: ``sgd`` moves
+w <- w - server_lr * tau_eff * sum_i p_i d_i (the paper's update at server_lr = 1); the
+other optimisers use -tau_eff * sum_i p_i d_i as their pseudo-gradient.
+When every client takes the same number of steps this is exactly FedAvg; it differs when
 clients hold different amounts of data (tau_i = epochs * ceil(n_i / B)), which is the
 point of the method. Clients are stateless (``personal`` evaluates the global model).
 """
