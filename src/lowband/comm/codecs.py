@@ -761,6 +761,7 @@ MAKERS: dict[str, Callable[..., Codec]] = {"fp32": fp32, "fp16": fp16, "bf16": b
 CODEC_STATE: dict[str, str] = {
     "ef": "residual e per sender, link and tensor",
     "powersgd": "residual e and warm-start Q per sender, link and tensor",
+    "a+b": "that of its codecs",
 }
 
 
