@@ -52,7 +52,10 @@ class ErrorFeedback(_Base):
     ``e <- x + e - decode(C(x + e))``. So what every message loses is added to the next
     one: the sum of what was sent plus the current residual equals the sum of the
     inputs, whatever ``C`` drops (top-k's small entries, sign's magnitudes). The bytes are
-    ``C``'s; the receiver decodes as for ``C``. A message with non-finite values is
+    ``C``'s; the receiver decodes as for ``C``. The residual stays bounded only for a
+    contractive ``C`` (``||C(v) - v|| < ||v||``: top-k, sign, int8, QSGD with enough levels
+    per bucket); around a high-variance unbiased codec (``qsgd(1)`` over a whole tensor,
+    ``randmask(0.01,scale=true)``) it grows without bound, as the theory says. A message with non-finite values is
     refused (nothing sent, the residual unchanged) rather than poisoning the residual.
     """
 
