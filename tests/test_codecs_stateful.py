@@ -395,14 +395,14 @@ def test_stateful_codec_serial_equals_ray_and_resumes_across(tmp_path: Path) -> 
             for link in a[src]:
                 for t, st in a[src][link].items():
                     assert torch.equal(st["e"], b[src][link][t]["e"]), (src, link, t)
+        par.executor.close()  # its workers hold both CPUs of the runtime
         # 2 serial rounds, then round 3 on Ray from the checkpoint (codec states scattered)
         split = _cfg(tmp_path / "split", spec, rounds=2)
         _run(split)
         split.update(rounds=3, executor="ray", ray_workers=2)
         resumed = _run(split, resume=True)
+        resumed.executor.close()
         assert (Path(resumed.result.run_dir) / "metrics.jsonl").read_text() == ms
-        for sim in (par, resumed):
-            sim.executor.close()
     finally:
         if started:
             ray.shutdown()
