@@ -441,7 +441,8 @@ class Fuzzer:
             return write("topk(1)", [("w", 1, coded_leaves("topk(1)", x, 0, _shape_with(r, n)))])
         if k == 2:  # sketch / random mask / chains claiming a huge original shape
             spec = r.choice(["sketch(3,16)", "sketch(8,8)", "randmask(1e-09)", "randmask(0.5)+topk(1)",
-                             "topk(1)+sketch(2,4)", "topk(1)+fp16"])
+                             "topk(1)+sketch(2,4)", "topk(1)+fp16", "qsgd(4)", "sign", "powersgd(2)",
+                             "ef(topk(1))"])
             self.detail += f" {spec}"
             n = r.choice([b.max_elements + 1, 2**24, 2**31 - 1, 10**9])
             return write(spec, [("w", 1, coded_leaves(spec, x, 1, _shape_with(r, n)))])
