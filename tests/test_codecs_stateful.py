@@ -406,3 +406,19 @@ def test_stateful_codec_serial_equals_ray_and_resumes_across(tmp_path: Path) -> 
     finally:
         if started:
             ray.shutdown()
+
+
+def test_lowband_list_shows_every_codec_with_its_state(capsys) -> None:
+    import re
+
+    from lowband.cli import main
+    from lowband.comm.codecs import CODECS
+
+    assert main(["list", "codecs"]) == 0
+    out = capsys.readouterr().out
+    for name in CODECS:
+        assert re.search(rf"^  {re.escape(name)}\s.*\[state: [^\]]+\]$", out, re.M), name
+    for name, state in (("ef(codec)", "residual e"), ("powersgd(r)", "warm-start Q"), ("qsgd(s[,bucket=0])", "none"),
+                        ("sign", "none"), ("topk(k)", "none")):
+        line = next(x for x in out.splitlines() if x.startswith(f"  {name} "))
+        assert state in line.split("[state:")[1], line
