@@ -365,6 +365,44 @@ def test_stateful_codec_run_resumes_byte_identically(tmp_path: Path, spec: str) 
     assert (Path(plain.result.run_dir) / "metrics.jsonl").read_text() != a
 
 
+@pytest.mark.slow
+def test_kill_9_then_resume_with_codec_state(tmp_path: Path) -> None:
+    """A real SIGKILL mid-run of `lowband run` with error feedback on the uploads and
+    PowerSGD on the downlink, then `--resume`: the metrics.jsonl of an uninterrupted run.
+    Slow (about 15 s): two 30-round runs in subprocesses, so the kill lands mid-run."""
+    import signal
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    def config(root: Path) -> dict:
+        c = _cfg(root, "ef(topk(0.05))", rounds=30)
+        c["comm"]["by_direction"] = {"down": "powersgd(4)"}
+        return c
+
+    cfg = config(tmp_path)
+    cfg["out_dir"] = str(tmp_path / "killed")
+    path = tmp_path / "exp.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    cmd = [sys.executable, "-m", "lowband.cli", "run", str(path), "--quiet"]
+    proc = subprocess.Popen(cmd)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics.read_text().splitlines()) < 31, "the run finished before it could be killed"
+    ckpt = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)
+    assert {"-1"} < set(ckpt["codecs"])  # the server's warm starts and the clients' residuals
+    subprocess.run(cmd + ["--resume"], check=True)
+    ref = _run(config(tmp_path / "ref"))
+    assert metrics.read_text() == (Path(ref.result.run_dir) / "metrics.jsonl").read_text()
+
+
 try:
     import ray
 except ImportError:  # pragma: no cover - depends on the optional extra
