@@ -35,7 +35,7 @@ from .codecs import (
 )
 
 MAX_QSGD_LEVELS = 2**15
-"""Most levels ``s`` of ``qsgd(s)`` (codes of at most 16 bits)."""
+"""Most levels ``s`` of ``qsgd(s)`` (codes of at most 17 bits)."""
 _CHUNK = 1 << 18  # entries per pack/unpack chunk (a multiple of 8: chunks are byte-aligned)
 
 
