@@ -105,6 +105,14 @@ def _check_exportable(sim: Simulation) -> None:
         raise ValueError(f"{alg.name} is a {alg.family}-round algorithm: only server-round algorithms can be "
                          f"exported to Flower (its messages go between a ServerApp and ClientApps; peer-to-peer "
                          f"methods are not expressible there)")
+    from lowband.comm.codecs import is_stateful
+    from lowband.comm.wire import codec_from_spec
+
+    codecs = sim.network.codecs
+    for spec in [codecs.default, *codecs.by_kind.values(), *codecs.by_direction.values()]:
+        if is_stateful(codec_from_spec(spec)):
+            raise ValueError(f"comm: codec {spec!r} keeps sender state (error feedback, warm start), which the "
+                             f"Flower adapter does not carry between a client's rounds yet; use a stateless codec")
     bad = [p for p in sim.protocols if p not in EVAL_PROTOCOLS]
     if bad:
         raise ValueError(f"eval.protocols: the Flower adapter evaluates {', '.join(EVAL_PROTOCOLS)}; "
