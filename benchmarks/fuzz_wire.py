@@ -73,7 +73,8 @@ N_PARAMS = sum(math.prod(s) for s in MLP.values())
 SPECS = ["fp32", "fp16", "bf16", "int8", "topk(0.1)", "topk(50)", "randmask(0.25)",
          "randmask(0.5,scale=true)", "sketch(3,16)", "sketch(5,200)", "topk(0.2)+fp16",
          "topk(0.2)+int8", "randmask(0.5)+bf16", "fp16+int8", "sketch(3,40)+fp16",
-         "randmask(0.5)+topk(0.5)+int8", "topk(20)+sketch(2,8)"]
+         "randmask(0.5)+topk(0.5)+int8", "topk(20)+sketch(2,8)", "qsgd(4)", "qsgd(2,bucket=16)", "sign",
+         "ef(topk(0.1))", "ef(sign)+fp16", "powersgd(2)", "powersgd(1)+fp16"]
 TIME_LIMIT_S = 0.050
 MEMORY_FACTOR = 2.0
 ITEMSIZE = {code: torch.empty((), dtype=dt).element_size() for dt, code in DTYPE_CODES.items()}
@@ -440,7 +441,8 @@ class Fuzzer:
             return write("topk(1)", [("w", 1, coded_leaves("topk(1)", x, 0, _shape_with(r, n)))])
         if k == 2:  # sketch / random mask / chains claiming a huge original shape
             spec = r.choice(["sketch(3,16)", "sketch(8,8)", "randmask(1e-09)", "randmask(0.5)+topk(1)",
-                             "topk(1)+sketch(2,4)", "topk(1)+fp16"])
+                             "topk(1)+sketch(2,4)", "topk(1)+fp16", "qsgd(4)", "sign", "powersgd(2)",
+                             "ef(topk(1))"])
             self.detail += f" {spec}"
             n = r.choice([b.max_elements + 1, 2**24, 2**31 - 1, 10**9])
             return write(spec, [("w", 1, coded_leaves(spec, x, 1, _shape_with(r, n)))])
@@ -524,7 +526,9 @@ HOSTILE_SPECS = ["sketch(3,96)", "sketch(8,16)", "sketch(9,16)", "sketch(64,1677
                  "sketch(0,4)", "topk(2147483647)", "topk(2147483648)", "topk(1e-300)", "topk(1)",
                  "randmask(1e-300)", "randmask(1.0)", "+".join(["fp16"] * 8), "+".join(["fp16"] * 9),
                  "fp16+" * 50 + "fp16", "a" * 300, "topk(" + "9" * 250 + ")", "int8+int8",
-                 "sketch(3,16)+sketch(3,16)", "", "topk(0.1)+", "zip", "fp32(1)", "\u00e9"]
+                 "sketch(3,16)+sketch(3,16)", "", "topk(0.1)+", "zip", "fp32(1)", "\u00e9",
+                 "qsgd(32768)", "qsgd(32769)", "qsgd(1,bucket=1)", "powersgd(32)", "powersgd(33)", "ef(ef(sign))",
+                 "ef(powersgd(1))", "ef(" * 60 + "sign" + ")" * 60, "ef(topk(1)", "sign(2)"]
 
 
 # ----------------------------------------------------------------------------- run

@@ -36,6 +36,7 @@ floating point may take another path):
 | `fednova` | personal/acc_weighted | .075 / .084 / .019 | .925 / .942 / .890 | .60 | global / node_global | +.409 / +.290 / +.437 | +.20 |
 | `fedntd` | personal/acc_weighted | .075 / .084 / .019 | .919 / .942 / .910 | .60 | global / node_global | +.409 / +.290 / +.437 | +.20 |
 | `moon` | personal/acc_weighted | .075 / .084 / .019 | .916 / .942 / .887 | .60 | global / node_global | +.393 / +.290 / +.437 | +.20 |
+| `scaffold` | personal/acc_weighted | .075 / .084 / .019 | .916 / .945 / .942 | .65 | global / node_global | +.407 / +.298 / +.453 | +.20 |
 | `fedala` | personal/acc_weighted | .075 / .084 / .019 | .958 / .942 / .965 | .65 | personal / personal | +.049 / +.016 / +.010 | -.03 |
 | | | | | | global / node_global | +.343 / +.287 / +.395 | +.20 |
 | `fedas` | personal/acc_weighted | .075 / .084 / .019 | .945 / .932 / .965 | .65 | personal / personal | +.036 / +.006 / +.010 | -.03 |
@@ -163,6 +164,7 @@ CHECKS: dict[str, Check] = {
     "fednova": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
     "fedntd": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
     "moon": Check(30, 0.60, vs_local=_global(0.20), paper="beats"),
+    "scaffold": Check(30, 0.65, vs_local=_global(0.20), paper="beats"),
     # personalised server methods: the global model they share against the local models on
     # the global test set, and their personal models against the local ones (level at this size)
     "fedala": Check(30, 0.65, vs_local=_personal(-0.03) + _global(0.20), paper=PFL_LEVEL),

@@ -123,7 +123,7 @@ def test_plugin_algorithm_model_dataset_codec_through_the_api(plugin_dir: Path) 
     cfg["data"] = {"dataset": "blobs", "options": {"n": 400, "dim": 32}, "num_clients": 4, "partition": "iid",
                    "split": [0.75, 0.0, 0.25]}
     cfg["model"] = {"name": "tiny_mlp", "width": 64}
-    cfg["comm"] = {"codec": "sign"}
+    cfg["comm"] = {"codec": "sign8"}
     cfg["algorithm"]["lr"] = 0.1
     cfg["topology"] = {"kind": "star", "sampling": "all"}
     res = lb.run(cfg, write=False)
@@ -135,7 +135,7 @@ def test_plugin_algorithm_model_dataset_codec_through_the_api(plugin_dir: Path) 
     assert up.sum() < 0.5 * up32.sum()  # one byte per value instead of four (plus headers)
     from lowband.comm.codecs import parse_codec
 
-    assert parse_codec("sign").spec == "sign"
+    assert parse_codec("sign8").spec == "sign8"
     with pytest.raises(ConfigError, match="data.options"):
         lb.experiment(cfg, data={"options": {"colour": 1}})
 
@@ -156,10 +156,10 @@ def test_entry_points_of_an_installed_distribution(tmp_path: Path) -> None:
     (dist / "entry_points.txt").write_text(
         "[lowband.algorithms]\nfedavgm = my_fl.fedavgm\n"
         "[lowband.models]\ntiny_mlp = my_fl.parts:build_tiny_mlp\n"
-        "[lowband.codecs]\nsign = my_fl.parts:Sign\n"
+        "[lowband.codecs]\nsign8 = my_fl.parts:Sign\n"
         "[lowband.datasets]\nbroken = my_fl.nothere:load\n")
     out = lowband_cli("list", cwd=tmp_path, extra_path=str(site))
     assert out.returncode == 0, out.stderr
-    assert all(listed(n, out.stdout) for n in ("fedavgm", "tiny_mlp", "sign"))
+    assert all(listed(n, out.stdout) for n in ("fedavgm", "tiny_mlp", "sign8"))
     assert not listed("fedavgm", lowband_cli("list", cwd=tmp_path).stdout)  # only with the distribution
     assert "broken" in out.stderr and "not loaded" in out.stderr  # a warning; the command still works

@@ -485,3 +485,18 @@ def test_describe_and_base_class() -> None:
         text = topo.describe()
         assert text.startswith(topo.kind) and "\n" not in text
         assert topo.describe() in repr(topo)
+
+
+def test_written_config_of_a_ring_with_k_unset_rebuilds_the_same_ring() -> None:
+    """config.toml (Experiment.to_toml) is what --resume and a re-run read: a ring whose k
+    was left out (the builder's 1) must not come back as the schema's k-regular default 5."""
+    import tomllib
+
+    from lowband.config import validate
+    from lowband.engine.simulator import make_topology
+
+    exp = validate({"algorithm": {"name": "dfedavg"}, "topology": {"kind": "ring"}})
+    again = validate(tomllib.loads(exp.to_toml()))
+    a, b = make_topology(exp, "peer", 8).plan(0), make_topology(again, "peer", 8).plan(0)
+    assert a.neighbors == b.neighbors
+    assert all(len(a.neighbors[i]) == 2 for i in range(8))  # k = 1: one neighbour each side

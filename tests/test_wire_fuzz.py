@@ -83,7 +83,8 @@ def test_seeded_fuzz_only_wire_errors_fast_and_within_memory(tmp_path: Path) -> 
 
 def test_fuzz_corpus_covers_every_codec_family() -> None:
     specs = {spec for spec, _, _ in F.corpus(0)}
-    for family in ("fp32", "fp16", "bf16", "int8", "topk(", "randmask(", "sketch(", "+"):
+    for family in ("fp32", "fp16", "bf16", "int8", "topk(", "randmask(", "sketch(", "+", "qsgd(", "sign", "ef(",
+                   "powersgd("):
         assert any(family in s for s in specs), family
     budget = DecodeBudget.for_elements(F.N_PARAMS, tensors=len(F.MLP))
     for spec, data, _ in F.corpus(0):  # and the valid corpus decodes within its budget

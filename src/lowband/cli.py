@@ -122,7 +122,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from lowband.algorithms import ALGORITHMS
     from lowband.algorithms.base import describe_hyperparams
-    from lowband.comm.codecs import CODECS
+    from lowband.comm.codecs import CODEC_STATE, CODECS
     from lowband.data.sources import DATASETS
     from lowband.models import MODELS
     from lowband.topology import TOPOLOGIES
@@ -144,9 +144,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             for hp, (default, desc) in describe_hyperparams(cls).items():
                 print(f"      {hp} = {default!r}  {desc}")
     if what in (None, "codecs"):
-        print("codecs (combine with '+', e.g. topk(0.01)+fp16):")
+        print("codecs (combine with '+', e.g. topk(0.01)+fp16; state: what the sender keeps between messages):")
         for name, info in CODECS.items():
-            print(f"  {name:<14} {info if isinstance(info, str) else getattr(info, 'description', '')}")
+            state = CODEC_STATE.get(name.split("(", 1)[0], "none")
+            print(f"  {name:<18} {info if isinstance(info, str) else getattr(info, 'description', '')}"
+                  f"  [state: {state}]")
     if what in (None, "topologies"):
         from lowband.config import topology_defaults
 

@@ -339,8 +339,14 @@ class Experiment(_Strict):
         return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
 
     def to_toml(self) -> str:
-        """The resolved configuration as TOML (None values dropped), as written to run_dir."""
-        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+        """The resolved configuration as TOML (None values dropped), as written to run_dir:
+        reading it back gives the same run. A ring's ``k`` left out is written as the 1 the
+        run uses (the schema's default 5 is k-regular's), else a re-run or ``--resume`` of
+        the written file would build a 5-ring."""
+        d = _drop_none(self.model_dump(mode="json"))
+        if self.topology.kind == "ring" and "k" not in self.topology.model_fields_set:
+            d["topology"]["k"] = topology_defaults("ring")["k"]
+        return tomli_w.dumps(d)
 
 
 def _is_host_port(v: str) -> bool:

@@ -3,7 +3,8 @@
 ``ALGORITHMS`` maps a name (as used in configs) to the algorithm class; each class
 carries its ``Hyperparams`` with the paper's defaults. The folders show the architecture:
 
-- ``server/``: one global model, server rounds (FedAvg, FedProx, FedNova, MOON, FedNTD);
+- ``server/``: one global model, server rounds (FedAvg and its server optimisers, FedProx,
+  FedNova, MOON, FedNTD, SCAFFOLD);
 - ``personalised/``: a model per client through a server (FedCSPACK, FedALA, FedDBE, FedAS,
   FedPAC, FedSPU) and the local-only baseline;
 - ``decentralised/``: peer rounds (D-PSGD, DFedAvg(M), DFedSAM, DisPFL, NTK-DFL, SPARK);

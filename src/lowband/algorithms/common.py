@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from pydantic import Field
+from torch import nn
 
 from lowband.algorithms.base import Hyperparams, NodeContext, Params
 from lowband.train import LossFn, TrainStats, cross_entropy, sgd_train
@@ -22,13 +23,22 @@ class LocalSGD(Hyperparams):
     grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradient norm (None: off)")
 
 
-def local_train(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
-                hp: Optional[LocalSGD] = None, purpose: str = "local") -> tuple[Params, TrainStats]:
-    """Run ``hp.local_epochs`` of SGD on the node's own train split from ``params``."""
+def round_lr(ctx: NodeContext, hp: Optional[LocalSGD] = None) -> float:
+    """The local learning rate of round ``ctx.round``: ``lr * lr_decay**(round - 1)``."""
     hp = hp or ctx.hp
-    lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+    return hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+
+
+def local_train(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
+                hp: Optional[LocalSGD] = None, purpose: str = "local",
+                grad_hook: Optional[Callable[[nn.Module], None]] = None) -> tuple[Params, TrainStats]:
+    """Run ``hp.local_epochs`` of SGD on the node's own train split from ``params``
+    (``grad_hook(model)`` may edit the gradients after each backward: SCAFFOLD's correction)."""
+    hp = hp or ctx.hp
+    lr = round_lr(ctx, hp)
     return sgd_train(
         ctx.model, params, ctx.data.train_x, ctx.data.train_y,
         epochs=hp.local_epochs, batch_size=hp.batch_size, lr=lr, momentum=hp.momentum,
         weight_decay=hp.weight_decay, grad_clip=hp.grad_clip, loss_fn=loss_fn, gen=ctx.rng(purpose),
+        grad_hook=grad_hook,
     )

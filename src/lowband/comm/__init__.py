@@ -9,11 +9,15 @@ from .codecs import (
     Codec,
     bf16,
     chain,
+    ef,
     fp16,
     fp32,
     int8,
     parse_codec,
+    powersgd,
+    qsgd,
     randmask,
+    sign,
     sketch,
     topk,
 )
@@ -31,8 +35,8 @@ from .wire import (
 )
 
 __all__ = [
-    "CODECS", "Codec", "bf16", "chain", "fp16", "fp32", "int8", "parse_codec", "randmask",
-    "sketch", "topk", "Ledger", "DIRECTIONS", "SERVER", "DeclaredTensor", "Message",
+    "CODECS", "Codec", "bf16", "chain", "ef", "fp16", "fp32", "int8", "parse_codec", "powersgd",
+    "qsgd", "randmask", "sign", "sketch", "topk", "Ledger", "DIRECTIONS", "SERVER", "DeclaredTensor", "Message",
     "CodecConfig", "Network", "infer_direction", "DEFAULT_BUDGET", "DecodeBudget", "WireError",
     "declared_bytes", "decode_message", "decode_with_codec", "encode_message",
 ]

@@ -20,6 +20,14 @@ So ``chain(topk(0.01), int8())`` yields ``idx``, ``val/q``, ``val/_scale``, ``_s
 
 Codecs accept tensors of fewer than 2**31 elements (indices are int32).
 
+**Codecs with state** (``ef(c)``, ``powersgd(r)``; :mod:`lowband.comm.memory`) have
+``stateful = True`` and ``encode_stateful(x, gen, state)``: ``state`` is a flat
+``{name: Tensor}`` dict private to the *sender* (one per sender, link and tensor; see
+:class:`~lowband.comm.network.Network`), which the codec reads and replaces entries of
+(never mutating a tensor in place). Their ``decode`` is stateless (the receiver needs only
+the bytes), and their plain ``encode`` is the stateless first step (zero residual, fresh
+warm start). A chain is stateful when one of its codecs is (:func:`is_stateful`).
+
 Decoding hostile bytes (design rule 8): ``check_leaves(specs, read, limit)`` recovers the
 original shape from the leaves' header entries (and the small ``_shape`` aux part), checks
 it against the receiver's element ``limit`` *before* anything is built, and then checks
@@ -598,6 +606,7 @@ class Chain(_Base):
         self.head = flat[0]
         self.rest: Codec = flat[1] if len(flat) == 2 else Chain(*flat[1:])
         self.spec = "+".join(c.spec for c in flat)
+        self.stateful = any(is_stateful(c) for c in flat)
 
     @staticmethod
     def _passes(name: str, t_is_float: bool) -> bool:
@@ -613,6 +622,22 @@ class Chain(_Base):
                 out[name] = t
                 continue
             for part, s in self.rest.encode(t, gen).items():
+                if part == "" and not s.is_floating_point():
+                    raise ValueError(f"codec {self.rest.spec}: part '' must be floating")
+                out[_join(name, part)] = s
+        return out
+
+    def encode_stateful(self, x: Tensor, gen: torch.Generator, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """:meth:`encode` with each stateful member keeping its state in ``state`` under
+        a prefix: ``"<"`` for the head, ``"<leaf>>"`` for the rest applied to a head leaf."""
+        out: dict[str, Tensor] = {}
+        for name, t in _encode_in(self.head, x, gen, state, "<").items():
+            if "/" in name:
+                raise ValueError(f"codec {self.head.spec}: part name {name!r} contains '/'")
+            if not self._passes(name, t.is_floating_point()):
+                out[name] = t
+                continue
+            for part, s in _encode_in(self.rest, t, gen, state, f"{name}>").items():
                 if part == "" and not s.is_floating_point():
                     raise ValueError(f"codec {self.rest.spec}: part '' must be floating")
                 out[_join(name, part)] = s
@@ -671,6 +696,34 @@ class Chain(_Base):
         return out
 
 
+def is_stateful(codec: Any) -> bool:
+    """Whether ``codec`` keeps sender state between messages (``ef``, ``powersgd``, a
+    chain holding one): such a codec must be driven by :func:`encode_with_state`."""
+    return bool(getattr(codec, "stateful", False))
+
+
+def encode_with_state(codec: Codec, x: Tensor, gen: torch.Generator,
+                      state: Optional[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``codec.encode`` for a stateless codec (or no ``state``), else
+    ``codec.encode_stateful(x, gen, state)`` (which updates ``state``)."""
+    if state is None or not is_stateful(codec):
+        return codec.encode(x, gen)
+    return codec.encode_stateful(x, gen, state)  # type: ignore[attr-defined]
+
+
+def _encode_in(codec: Codec, x: Tensor, gen: torch.Generator, state: dict[str, Tensor],
+               prefix: str) -> dict[str, Tensor]:
+    """Encode with ``codec``, keeping its state in ``state``'s entries under ``prefix``."""
+    if not is_stateful(codec):
+        return codec.encode(x, gen)
+    sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    parts = codec.encode_stateful(x, gen, sub)  # type: ignore[attr-defined]
+    for k in [k for k in state if k.startswith(prefix)]:
+        del state[k]
+    state.update({prefix + k: v for k, v in sub.items()})
+    return parts
+
+
 def chain(*codecs: Codec) -> Codec:
     """Compose codecs left to right; ``chain(c)`` is ``c`` (see :class:`Chain`)."""
     if len(codecs) == 1:
@@ -689,6 +742,12 @@ CODECS: dict[str, str] = {
     "randmask(frac[,scale=true])": "seeded random coordinates, values only; scale=true rescales "
                                    "by numel/k (unbiased)",
     "sketch(rows,cols)": "count sketch (rows x cols float32 table); decode = median estimate",
+    "qsgd(s[,bucket=0])": "QSGD: s levels, stochastic rounding (unbiased); ceil(log2(2s+1)) bits/value + "
+                          "a float32 norm per bucket (0: whole tensor)",
+    "sign": "scaled sign: 1 bit/value + float32 mean |x| (biased: use ef(sign))",
+    "ef(codec)": "error feedback around a lossy codec: sends codec(x + e), keeps e <- x + e - sent",
+    "powersgd(r)": "PowerSGD: rank-r factors P, Q (float32), warm-started Q, error feedback; "
+                   "tensors under 2-D (or too small) sent as they are",
     "a+b": "chain: apply b to the non-aux float parts that a produces (e.g. topk(0.01)+fp16)",
 }
 
@@ -696,6 +755,14 @@ CODECS: dict[str, str] = {
 #: :func:`register_codec`
 MAKERS: dict[str, Callable[..., Codec]] = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "int8": int8, "topk": topk,
                                            "randmask": randmask, "sketch": sketch}
+
+
+#: codec name -> the state it keeps at the sender (codecs not listed keep none)
+CODEC_STATE: dict[str, str] = {
+    "ef": "residual e per sender, link and tensor",
+    "powersgd": "residual e and warm-start Q per sender, link and tensor",
+    "a+b": "that of its codecs",
+}
 
 
 def register_codec(name: str, maker: Callable[..., Codec], description: str = "") -> None:
@@ -711,6 +778,30 @@ def register_codec(name: str, maker: Callable[..., Codec], description: str = ""
 
 
 _TERM = re.compile(r"^([a-z][a-z0-9_]*)(?:\((.*)\))?$")
+
+#: makers whose one argument is itself a codec spec (``ef(topk(0.01)+fp16)``): they get
+#: the parsed codec
+SPEC_MAKERS: set[str] = set()
+
+
+def split_top(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside parentheses (``"ef(a+b)+c"`` -> ``["ef(a+b)", "c"]``);
+    raises ValueError on unbalanced parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ')' in codec spec {text!r}")
+        elif ch == sep and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '(' in codec spec {text!r}")
+    out.append(text[start:])
+    return out
 
 
 def _known() -> str:
@@ -733,10 +824,15 @@ def _parse_term(term: str, spec: str) -> Codec:
     if not m:
         raise ValueError(f"bad codec {term!r} in {spec!r}; known codecs: {_known()}")
     name, argtext = m.group(1), m.group(2)
-    args: list[int | float | bool] = []
+    args: list[Any] = []
     kwargs: dict[str, int | float | bool] = {}
-    if argtext:
-        for a in argtext.split(","):
+    if name in SPEC_MAKERS:
+        if not argtext:
+            raise ValueError(f"codec {name!r} in {spec!r} wraps a codec: write {name}(<codec spec>), "
+                             f"e.g. {name}(topk(0.01)); known codecs: {_known()}")
+        args.append(parse_codec(argtext))
+    elif argtext:
+        for a in split_top(argtext, ","):
             if "=" in a:
                 k, v = a.split("=", 1)
                 kwargs[k.strip()] = _parse_arg(v, spec)
@@ -764,7 +860,19 @@ def parse_codec(spec: str) -> Codec:
         raise ValueError(f"empty codec spec {spec!r}; known codecs: {_known()}")
     if len(spec) > MAX_SPEC_CHARS:
         raise ValueError(f"codec spec of {len(spec)} characters; the limit is {MAX_SPEC_CHARS}")
-    terms = spec.split("+")
+    try:
+        terms = split_top(spec, "+")
+    except ValueError as e:
+        raise ValueError(f"{e}; known codecs: {_known()}") from None
     if len(terms) > MAX_CHAIN:
         raise ValueError(f"codec spec chains {len(terms)} codecs; the limit is {MAX_CHAIN}")
     return chain(*[_parse_term(t, spec) for t in terms])
+
+
+# --------------------------------------------------------------------------- more codecs
+
+from .memory import ef, powersgd  # noqa: E402 (they build on the definitions above)
+from .quantizers import qsgd, sign  # noqa: E402
+
+MAKERS.update({"qsgd": qsgd, "sign": sign, "ef": ef, "powersgd": powersgd})
+SPEC_MAKERS.add("ef")

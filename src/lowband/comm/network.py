@@ -25,6 +25,12 @@ not delivered but its bytes stay counted; the refusals collect in
 encode it because of non-finite values (``int8``) is refused at the sender: nothing
 crosses the link and nothing is counted. Without a validator (the default) every
 message is delivered as before.
+
+Codecs with state (``ef(...)``, ``powersgd(r)``) keep it in :attr:`Network.codec_states`,
+per sender, link (the receiver, or ``bcast`` for a message encoded once for several
+receivers, and the message kind) and tensor name: the sender's private state, never
+sent. A backend that encodes where the senders live (a Ray shard) keeps its senders'
+states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Optional
 import torch
 
 from ..seeding import torch_gen
-from .codecs import Codec
+from .codecs import Codec, is_stateful
 from .ledger import Ledger
 from .message import DIRECTIONS, SERVER, Message
 from .validate import Rejection, Validator, content_problem
@@ -118,6 +124,25 @@ class Network:
         self.validator = validator
         #: messages refused since the caller last emptied the list (reject policy)
         self.rejections: list[Rejection] = []
+        #: sender -> link ("<receiver>:<kind>" or "bcast:<kind>") -> tensor name -> codec
+        #: state: what stateful codecs keep at each sender (see the module docstring)
+        self.codec_states: dict[int, dict[str, dict[str, dict[str, torch.Tensor]]]] = {}
+
+    # -- codec state (the senders' own, never sent) -----------------------------------------
+    def codec_state(self, src: int, link: str) -> dict[str, dict[str, torch.Tensor]]:
+        """The mutable codec state ``src`` keeps for ``link`` (created empty)."""
+        return self.codec_states.setdefault(int(src), {}).setdefault(link, {})
+
+    def codec_state_dict(self, nodes: Optional[set[int]] = None) -> dict[str, dict]:
+        """The codec states of every sender (of ``nodes`` when given), for a checkpoint:
+        ``{str(sender): {link: {tensor: {key: Tensor}}}}``."""
+        return {str(src): {link: {t: dict(st) for t, st in per.items()} for link, per in links.items()}
+                for src, links in sorted(self.codec_states.items()) if nodes is None or src in nodes}
+
+    def load_codec_state_dict(self, sd: dict[str, dict]) -> None:
+        """Replace the codec states by those of a checkpoint (:meth:`codec_state_dict`)."""
+        self.codec_states = {int(src): {str(link): {str(t): dict(st) for t, st in per.items()}
+                                        for link, per in links.items()} for src, links in sd.items()}
 
     def codec_for(self, kind: str, direction: str) -> Codec:
         """The parsed codec for ``kind`` on a ``direction`` link."""
@@ -149,7 +174,8 @@ class Network:
         self._check_stand_in(msg)
         direction = direction or infer_direction(src, dst)
         codec = self.codec_for(msg.kind, direction)
-        return encode_message(msg, codec, self._gen(round, src, dst, msg.kind))
+        state = self.codec_state(src, f"{int(dst)}:{msg.kind}") if is_stateful(codec) else None
+        return encode_message(msg, codec, self._gen(round, src, dst, msg.kind), state)
 
     def decode(self, data: bytes) -> tuple[Message, Codec]:
         """Decode ``data`` (one place for the receiver's decode budget)."""
@@ -232,9 +258,11 @@ class Network:
             raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
         self._check_stand_in(msg)
         codec = self.codec_for(msg.kind, direction)
-        gen = self._gen(round, src, "bcast" if bcast else dsts[0], msg.kind)
+        link = "bcast" if bcast else dsts[0]
+        gen = self._gen(round, src, link, msg.kind)
+        state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
         try:
-            data: Optional[bytes] = encode_message(msg, codec, gen)
+            data: Optional[bytes] = encode_message(msg, codec, gen, state)
         except WireError:
             # a codec that cannot carry NaN/Inf (int8): with a validator, a diverged
             # sender's message is refused at its own link, never a crash of the round

@@ -71,7 +71,16 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from .codecs import MAX_NDIM, MAX_SPEC_CHARS, Codec, ShapeLimitError, check_leaves_of, parse_codec
+from .codecs import (
+    MAX_NDIM,
+    MAX_SPEC_CHARS,
+    Codec,
+    ShapeLimitError,
+    check_leaves_of,
+    encode_with_state,
+    is_stateful,
+    parse_codec,
+)
 from .message import DeclaredTensor, Message
 from .meta import MetaError, parse_meta
 
@@ -166,12 +175,20 @@ def _tensor_gen(base: int, name: str) -> torch.Generator:
     return torch_gen(base, "tensor", name)
 
 
-def encode_message(msg: Message, codec: Codec, gen: torch.Generator) -> bytes:
+def encode_message(msg: Message, codec: Codec, gen: torch.Generator,
+                   state: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> bytes:
     """``msg`` as bytes; float tensors go through ``codec`` (see the module docstring).
 
     One seed is drawn from ``gen`` and each tensor's codec randomness is derived from it
     and the tensor's name, so it does not depend on the order of ``msg.tensors``.
+
+    ``state``: the sender's codec state for this link, ``{tensor name: codec state}``,
+    used and updated by a stateful codec (``ef``, ``powersgd``); it is updated only when
+    the whole message encodes (a refused message leaves it as it was). Without it a
+    stateful codec encodes statelessly (zero residual, fresh warm start).
     """
+    stateful = state is not None and is_stateful(codec)
+    new_state: dict[str, dict[str, torch.Tensor]] = {}
     head = [MAGIC, bytes([VERSION]), _str(msg.kind, "kind"), _str(codec.spec, "codec spec")]
     meta = _meta_json(msg.meta)
     head += [_U32.pack(len(meta)), meta, _U32.pack(len(msg.tensors))]
@@ -183,7 +200,12 @@ def encode_message(msg: Message, codec: Codec, gen: torch.Generator) -> bytes:
         what = f"tensor {name!r}"
         if t.is_floating_point():
             try:
-                parts = codec.encode(t, _tensor_gen(base, name))
+                if stateful:
+                    st = dict(state.get(name, {}))  # type: ignore[union-attr]
+                    parts = encode_with_state(codec, t, _tensor_gen(base, name), st)
+                    new_state[name] = st
+                else:
+                    parts = codec.encode(t, _tensor_gen(base, name))
             except (ValueError, TypeError, RuntimeError) as e:
                 raise WireError(f"{what}: codec {codec.spec} failed: {_line(e)}") from e
             form = _FORM_CODED
@@ -209,7 +231,10 @@ def encode_message(msg: Message, codec: Codec, gen: torch.Generator) -> bytes:
         head += [_str(name, "declared name"),
                  struct.pack(f"<BB{len(d.shape)}Q", _dtype_code(d.dtype, f"declared {name!r}"),
                              len(d.shape), *d.shape)]
-    return b"".join(head + bufs)  # type: ignore[arg-type]
+    out = b"".join(head + bufs)  # type: ignore[arg-type]
+    if stateful:
+        state.update(new_state)  # type: ignore[union-attr]
+    return out
 
 
 def declared_bytes(msg: Message, codec: Codec) -> int:

@@ -205,8 +205,17 @@ def resolve_protocols(alg: Any, fed: Any, requested: Optional[Sequence[str]]) ->
 
 
 def codec_terms(spec: str) -> list[str]:
-    """The codec names of a spec string, e.g. ``topk(0.01)+fp16`` -> ``['topk', 'fp16']``."""
-    return [t.strip().split("(", 1)[0].strip() for t in spec.split("+")]
+    """The codec names of a spec string, e.g. ``topk(0.01)+fp16`` -> ``['topk', 'fp16']``;
+    a wrapper's codec follows it: ``ef(topk(0.01))`` -> ``['ef', 'topk']``."""
+    from lowband.comm.codecs import SPEC_MAKERS, split_top
+
+    out: list[str] = []
+    for t in split_top(spec, "+"):
+        name, _, arg = t.strip().partition("(")
+        out.append(name.strip())
+        if name.strip() in SPEC_MAKERS and arg.endswith(")"):
+            out.extend(codec_terms(arg[:-1]))
+    return out
 
 
 def fmt_bytes(n: float) -> str:

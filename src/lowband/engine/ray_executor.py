@@ -89,6 +89,8 @@ class _Shard:
         self._local: list[_Item] = []  # messages to this shard's nodes, for the next step
         self._cache: OrderedDict[Any, Any] = OrderedDict()  # ObjectRef -> value (shared arguments)
         self._network: Optional[tuple[CodecConfig, int, Optional[ValidationPolicy], Network]] = None
+        #: codec states of this shard's senders (they encode here; see Network.codec_states)
+        self.codec_states: dict[int, dict[str, Any]] = {}
 
     def info(self) -> dict[str, Any]:
         return {"shard": self.index, "pid": os.getpid(), "host": socket.gethostname(),
@@ -126,7 +128,9 @@ class _Shard:
             validator = None if policy is None else Validator(dataclasses.replace(policy, on_invalid="reject"),
                                                               ExpectedShapes(env.init_params, env.model_key))
             self._network = (codecs, seed, policy, Network(codecs, Ledger(), seed, validator=validator))
-        return self._network[3]
+        net = self._network[3]
+        net.codec_states = self.codec_states
+        return net
 
     # -- states --------------------------------------------------------------------------
     def init_states(self, plan: RoundPlan) -> None:
@@ -143,6 +147,18 @@ class _Shard:
 
     def set_states(self, states: dict[int, State]) -> None:
         self.ex.states = dict(states)
+
+    def get_codec_states(self) -> dict[str, Any]:
+        net = Network(CodecConfig(), Ledger(), 0)
+        net.codec_states = self.codec_states
+        return net.codec_state_dict()
+
+    def set_codec_states(self, sd: dict[str, Any]) -> None:
+        net = Network(CodecConfig(), Ledger(), 0)
+        net.load_codec_state_dict(sd)
+        self.codec_states = net.codec_states
+        if self._network is not None:
+            self._network[3].codec_states = self.codec_states
 
     # -- work ----------------------------------------------------------------------------
     def step(self, spec: tuple, round: int, plan: RoundPlan, name: str, actors: list[int],
@@ -384,6 +400,21 @@ class RayExecutor:
         for k, v in sd.items():
             parts[self.shard(int(k))][int(k)] = v
         ray.get([worker.set_states.remote(p) for worker, p in zip(self.workers, parts)])
+
+    def codec_state_dict(self) -> dict[str, Any]:
+        """The senders' codec states (error-feedback residuals, warm starts), gathered
+        from the shards where they encode (see :meth:`Network.codec_state_dict`)."""
+        merged: dict[str, Any] = {}
+        for part in ray.get([worker.get_codec_states.remote() for worker in self.workers]):
+            merged.update(part)
+        return {k: merged[k] for k in sorted(merged, key=int)}
+
+    def load_codec_state_dict(self, sd: dict[str, Any]) -> None:
+        """Scatter checkpointed codec states to the shards of their senders."""
+        parts: list[dict[str, Any]] = [{} for _ in range(self.num_workers)]
+        for k, v in sd.items():
+            parts[self.shard(int(k))][k] = v
+        ray.get([worker.set_codec_states.remote(p) for worker, p in zip(self.workers, parts)])
 
     def close(self) -> None:
         """Stop the workers (and the local Ray runtime this executor started)."""

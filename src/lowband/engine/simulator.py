@@ -311,6 +311,20 @@ class Simulation:
         net.rejections[start:] = sorted(net.rejections[start:], key=lambda x: (x.src, x.dst, x.reason, x.kind))
         return inboxes
 
+    # -- codec state (error-feedback residuals, warm starts: the senders' own) ------------
+    def _codec_states(self) -> dict[str, Any]:
+        """The senders' codec states, from where they live (a distributed executor's
+        workers, else this process's network)."""
+        get = getattr(self.executor, "codec_state_dict", None)
+        return get() if get is not None else self.network.codec_state_dict()
+
+    def _load_codec_states(self, sd: dict[str, Any]) -> None:
+        load = getattr(self.executor, "load_codec_state_dict", None)
+        if load is not None:
+            load(sd)
+        else:
+            self.network.load_codec_state_dict(sd)
+
     # -- incidents (rejections, faults, divergences) -------------------------------------
     def _note(self, round: int, key: str, n: int = 1) -> None:
         if n:
@@ -373,6 +387,7 @@ class Simulation:
             start = int(ckpt["round"])
             self.executor.load_state_dict(ckpt["states"])
             self.ledger.load_state_dict(ckpt["ledger"])
+            self._load_codec_states(ckpt.get("codecs", {}))
             self.incidents = {int(r): {str(k): int(v) for k, v in per.items()}
                               for r, per in ckpt.get("incidents", {}).items()}
             if self.timer is not None:  # simulated times are a function of the ledger: replay them
@@ -438,8 +453,10 @@ class Simulation:
                 log.log_timing({"round": r, "round_s": round(t_train, 4), "eval_s": round(t_eval, 4),
                                 "elapsed_s": round(time.perf_counter() - t_run, 3)})
                 if exp.checkpoint_every and (r % exp.checkpoint_every == 0 or r == exp.rounds):
+                    codecs = self._codec_states()
                     log.save_checkpoint({"round": r, "states": self.executor.state_dict(),
                                          "ledger": self.ledger.state_dict(),
+                                         **({"codecs": codecs} if codecs else {}),
                                          **({"incidents": {str(k): v for k, v in self.incidents.items()}}
                                             if self.incidents else {})})
 

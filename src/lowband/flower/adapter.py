@@ -108,6 +108,14 @@ def _check_exportable(sim: Simulation) -> None:
     if sim.exp.links is not None:
         raise ValueError("links: simulated link time is written by `lowband run` only; the Flower adapter does not "
                          "time its rounds (leave [links] out)")
+    from lowband.comm.codecs import is_stateful
+    from lowband.comm.wire import codec_from_spec
+
+    codecs = sim.network.codecs
+    for spec in [codecs.default, *codecs.by_kind.values(), *codecs.by_direction.values()]:
+        if is_stateful(codec_from_spec(spec)):
+            raise ValueError(f"comm: codec {spec!r} keeps sender state (error feedback, warm start), which the "
+                             f"Flower adapter does not carry between a client's rounds yet; use a stateless codec")
     bad = [p for p in sim.protocols if p not in EVAL_PROTOCOLS]
     if bad:
         raise ValueError(f"eval.protocols: the Flower adapter evaluates {', '.join(EVAL_PROTOCOLS)}; "

@@ -54,7 +54,7 @@ __all__ = [
 REASONS: tuple[str, ...] = ("wire", "kind", "sender", "duplicate", "nonfinite", "shape", "dtype", "num_examples",
                             "meta", "metrics", "error", "missing")
 
-UPLOAD_KINDS: frozenset[str] = frozenset({"weights", "delta", "packs", "dbe_mean", "logits"})
+UPLOAD_KINDS: frozenset[str] = frozenset({"weights", "delta", "control_delta", "packs", "dbe_mean", "logits"})
 """Lowband message kinds a server-family client sends up (every built-in algorithm's;
 ``tests/test_flower_hostile.py`` runs each server-family algorithm through the adapter
 and fails when one sends a kind missing here). An algorithm may widen it with a class

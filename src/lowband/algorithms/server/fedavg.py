@@ -4,24 +4,29 @@ Round: the server broadcasts the global model to the sampled clients; each clien
 ``local_epochs`` of SGD from it (FedProx adds ``mu/2 ||w - w_global||^2``) and replies
 with its model (or its delta) and its number of training examples; the server replaces
 the global model by the sample-weighted average of the replies.
+With ``server_opt`` other than ``sgd`` the server instead steps along the averaged delta
+with a server optimiser: FedAvgM, FedAdam, FedYogi, FedAdagrad (Reddi et al., 2021; see
+lowband.algorithms.server.server_opt); its moments live in the server's state.
 Clients keep no model between rounds, so the ``personal`` protocol evaluates the global
 model on each client's local test split (PFLlib's convention).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, register
 from lowband.algorithms.common import LocalSGD, local_train
+from lowband.algorithms.server.server_opt import DEFAULT_SERVER_LR, KNOB_READERS, ServerOpt, server_step, \
+    trainable_names
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
-from lowband.train import Params, add_scaled, sub, weighted_average
+from lowband.train import Params, sub, weighted_average
 
 
 class FedAvgClientHP(LocalSGD):
@@ -38,7 +43,37 @@ class FedAvgHP(FedAvgClientHP):
     upload: Literal["weights", "delta"] = Field(
         "weights", description="what clients send up: their weights, or weights minus the received global model "
         "(use delta with lossy codecs such as top-k)")
-    server_lr: float = Field(1.0, gt=0, description="server step on the averaged update (1.0 = plain FedAvg)")
+    server_opt: ServerOpt = Field(
+        "sgd", description="server optimiser on the averaged delta: sgd (plain FedAvg), avgm (FedAvgM), adam, "
+        "yogi, adagrad (FedAdam/FedYogi/FedAdagrad, Reddi et al. 2021)")
+    server_lr: Optional[float] = Field(
+        None, gt=0, description="server learning rate; unset: by server_opt, sgd/avgm 1.0 (1.0 with sgd = plain "
+        "FedAvg), adam/yogi 0.01, adagrad 0.1 (Reddi et al. 2021)")
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum (server_opt = avgm; Hsu et al. 2019)")
+    beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay (server_opt = adam, yogi, adagrad)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay (server_opt = adam, yogi)")
+    tau: float = Field(1e-3, gt=0, description="adaptivity (epsilon) tau (server_opt = adam, yogi, adagrad)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_server_lr(cls, data: Any) -> Any:
+        """An unset ``server_lr`` takes the chosen optimiser's default (so ``hp.server_lr`` is a number)."""
+        if isinstance(data, dict) and data.get("server_lr") is None:
+            opt = data.get("server_opt", "sgd")
+            if opt in DEFAULT_SERVER_LR:
+                data = {**data, "server_lr": DEFAULT_SERVER_LR[opt]}
+        return data
+
+    @field_validator("server_momentum", "beta1", "beta2", "tau")
+    @classmethod
+    def _read_by_the_optimiser(cls, v: float, info: ValidationInfo) -> float:
+        """A knob the chosen optimiser does not read is refused, not silently ignored (rule 7)."""
+        opt = info.data.get("server_opt", "sgd")
+        readers = KNOB_READERS[str(info.field_name)]
+        if opt not in readers:
+            raise ValueError(f"read only with server_opt = {' / '.join(readers)}, not {opt!r}; drop it or set "
+                             f"algorithm.server_opt")
+        return v
 
 
 @register
@@ -81,9 +116,18 @@ class FedAvg(Algorithm):
             delta = sub(avg, glob)
         else:
             delta = weighted_average([_complete(e.msg.tensors, glob, zero=True) for e in inbox], weights)
-        new = add_scaled(glob, delta, self.hp.server_lr)
-        # integer buffers (BatchNorm counters) follow the averaged models
-        return {**state, "params": new}, Outbox()
+        return self.server_apply(ctx, state, delta), Outbox()
+
+    def server_apply(self, ctx: NodeContext, state: State, delta: Params) -> State:
+        """Step the global model along the averaged delta with ``hp.server_opt`` (``sgd``:
+        ``w + server_lr * delta``); the optimiser's moments stay in the server state."""
+        new, opt_state = server_step(self.hp, state["params"], delta, state.get("server_opt"),
+                                     trainable_names(ctx.model))
+        # integer buffers (BatchNorm counters) keep the global model's value
+        out = {**state, "params": new}
+        if opt_state:
+            out["server_opt"] = opt_state
+        return out
 
     # -- client ---------------------------------------------------------------------
     def loss_fn(self, ctx: NodeContext, global_params: Params):

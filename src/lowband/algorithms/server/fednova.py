@@ -9,6 +9,9 @@ server forms the normalised cumulative updates d_i = (w - w_i) / a_i, the effect
 count tau_eff = sum_i p_i a_i (p_i = n_i / sum n) and moves
 w <- w - tau_eff * sum_i p_i d_i.
 
+The server takes that step with FedAvg's ``server_opt``: ``sgd`` moves
+w <- w - server_lr * tau_eff * sum_i p_i d_i (the paper's update at server_lr = 1); the
+other optimisers use -tau_eff * sum_i p_i d_i as their pseudo-gradient.
 When every client takes the same number of steps this is exactly FedAvg; it differs when
 clients hold different amounts of data (tau_i = epochs * ceil(n_i / B)), which is the
 point of the method. Clients are stateless (``personal`` evaluates the global model).
@@ -67,15 +70,15 @@ class FedNova(FedAvg):
         tau_eff = sum(pi * ai for pi, ai in zip(p, a))
         zero = self.hp.upload == "delta"
         received = [_complete(e.msg.tensors, glob, zero=zero) for e in inbox]
-        new = {}
+        direction = {}  # the pseudo-gradient tau_eff * sum_i p_i d_i (a step direction: added)
         for k, g in glob.items():
             if not is_float(g):
-                new[k] = g.clone()
+                direction[k] = g.clone()
                 continue
             step = g.new_zeros(g.shape, dtype=g.dtype)
             for r, pi, ai in zip(received, p, a):
                 t = r[k].to(g.dtype)
                 local_minus_global = t if zero else t - g
                 step += (pi / ai) * local_minus_global
-            new[k] = g + self.hp.server_lr * tau_eff * step
-        return {**state, "params": new}, Outbox()
+            direction[k] = tau_eff * step
+        return self.server_apply(ctx, state, direction), Outbox()
