@@ -179,10 +179,9 @@ class Result:
 
         exp = self.config
         if self._data_shape is None:
-            from lowband.data.sources import load_dataset
+            from lowband.engine.simulator import load_data
 
-            d = exp.data
-            ds = load_dataset(d.dataset, d.data_dir, download=False, **d.options)
+            ds = load_data(exp.model_copy(update={"data": exp.data.model_copy(update={"download": False})}))
             self._data_shape = (ds.num_classes, tuple(ds.input_shape), dict(ds.meta))
         num_classes, shape, meta = self._data_shape
         mix = list(exp.model.mix or [])

@@ -38,7 +38,7 @@ from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, V
 from lowband.config import ConfigError, Experiment, hyperparams
 from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation, build_federation
-from lowband.data.sources import load_dataset
+from lowband.data.sources import Dataset, load_dataset
 from lowband.engine import checks
 from lowband.engine.evaluation import Evaluator
 from lowband.engine.executor import NodeEnv, ServerData, make_executor
@@ -72,10 +72,23 @@ PROTOCOL_METRICS = {"global": ("acc", "loss"), "personal": ("acc_weighted", "acc
 DEFAULT_TOPOLOGY = {"server": "star", "peer": "kregular", "oneshot": "contact_plan", "local": "star"}
 
 
+def load_data(exp: Experiment) -> Dataset:
+    """The experiment's dataset: a built-in or plugin one by name, or the user's npz
+    (``data.dataset = "npz"``, :mod:`lowband.data.userdata`)."""
+    d = exp.data
+    if d.dataset == "npz":
+        from lowband.data.userdata import check_model_input, load_user_dataset
+
+        ds = load_user_dataset(d.path, **d.options)
+        check_model_input(exp, ds)
+        return ds
+    return load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
+
+
 def make_federation(exp: Experiment) -> Federation:
     """Load the dataset and split it among the nodes as the config says."""
     d = exp.data
-    ds = load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
+    ds = load_data(exp)
     return build_federation(
         ds, num_clients=d.num_clients, partition=d.partition, alpha=d.alpha, min_size=d.min_size,
         classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
