@@ -108,18 +108,17 @@ class ArrayData:
 
     @functools.cached_property
     def digest(self) -> str:
-        """sha256 over every array's name, dtype, shape and bytes (and num_classes)."""
+        """sha256 over every array's name, dtype, shape and bytes (what an npz keeps)."""
         h = hashlib.sha256()
         for k, a in self.npz_dict().items():
             h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
             h.update(np.ascontiguousarray(a).tobytes())
-        h.update(f"num_classes={self.num_classes}".encode())
         return h.hexdigest()
 
     @property
     def ref(self) -> str:
         """The ``memory:`` path of these arrays (registered in this process)."""
-        ref = f"{MEMORY_PREFIX}{self.name}-{self.digest[:16]}"
+        ref = f"{MEMORY_PREFIX}{self.name}-{self.digest[:16]}" + (f"-c{self.num_classes}" if self.num_classes else "")
         _MEMORY[ref] = self
         return ref
 
