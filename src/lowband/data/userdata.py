@@ -222,12 +222,12 @@ def _labels(y: np.ndarray, what: str, where: str, n: int, xname: str) -> np.ndar
         bad = ~np.isfinite(y) | (y != np.round(y))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise UserDataError(f"{where}: {what} must hold integer class ids; row {i} is {y[i]!r}")
+            raise UserDataError(f"{where}: {what} must hold integer class ids; row {i} is {y[i].item()!r}")
     if (y < 0).any():
         i = int(np.flatnonzero(y < 0)[0])
-        raise UserDataError(f"{where}: {what} has a negative class id {y[i]!r} (row {i}); ids are 0..C-1")
+        raise UserDataError(f"{where}: {what} has a negative class id {y[i].item()!r} (row {i}); ids are 0..C-1")
     if y.size and y.max() > 1_000_000:
-        raise UserDataError(f"{where}: {what} has class id {y.max()!r}; ids are 0..C-1 (relabel with "
+        raise UserDataError(f"{where}: {what} has class id {y.max().item()!r}; ids are 0..C-1 (relabel with "
                             f"np.unique(y, return_inverse=True))")
     return y.astype(np.int64)
 
@@ -250,7 +250,7 @@ def _inputs(x: np.ndarray, what: str, where: str) -> None:
             raise UserDataError(f"{where}: {what} has values beyond float32's range (|x| > 3e38); rescale it")
 
 
-def check_arrays(d: ArrayData, where: str) -> None:
+def check_arrays(d: ArrayData, where: str, key: str = "num_classes") -> None:
     """Check user arrays in place of a run (see the module docstring); fixes nothing,
     converts nothing: one-line :class:`UserDataError` on the first problem."""
     if d.x is None or d.y is None:
@@ -277,8 +277,8 @@ def check_arrays(d: ArrayData, where: str) -> None:
             raise UserDataError(f"{where}: client must hold integer client ids, got dtype {c.dtype}")
         if (c < 0).any():
             i = int(np.flatnonzero(c < 0)[0])
-            raise UserDataError(f"{where}: client has a negative id {c[i]!r} (row {i}); ids are >= 0")
-    num_classes_of(labels, d.num_classes, where)
+            raise UserDataError(f"{where}: client has a negative id {c[i].item()!r} (row {i}); ids are >= 0")
+    num_classes_of(labels, d.num_classes, where, key)
 
 
 def num_classes_of(labels: list[np.ndarray], given: Optional[int], where: str, key: str = "num_classes") -> int:
@@ -400,7 +400,7 @@ def load_arrays(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], num_classes: i
         raise UserDataError(f"data.path: {p} is not a readable .npz ({msg}); write it with numpy.savez") from None
     d = ArrayData(got["x"], got["y"], got.get("client"), got.get("x_test"), got.get("y_test"),
                   num_classes or None, p.stem)
-    check_arrays(d, f"data.path: {p}")
+    check_arrays(d, f"data.path: {p}", "data.options.num_classes")
     return d
 
 
