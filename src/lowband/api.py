@@ -54,11 +54,15 @@ def _plain(v: Any) -> Any:
 def _use_arrays(raw: dict[str, Any], data: Any) -> None:
     """``data=lb.arrays(...)``: the data section reads those arrays (``dataset = "npz"``,
     ``path = "memory:..."``); options of another dataset are dropped, the arrays'
-    ``num_classes`` (if given) becomes ``options.num_classes``."""
+    ``num_classes`` (if given) becomes ``options.num_classes``, and arrays with client ids
+    replace the section's partition keys (their partition is ``"given"``)."""
     section = raw.get("data") if isinstance(raw.get("data"), dict) else {}
     if section.get("dataset", "digits") != "npz":
         section.pop("options", None)
     section.update({"dataset": "npz", "path": data.ref})
+    if data.client is not None:  # the arrays' client ids are the partition (pass none to re-deal the rows)
+        for key in ("partition", "num_clients", "alpha", "min_size", "classes_per_client", "samples_per_client"):
+            section.pop(key, None)
     if data.num_classes:
         section["options"] = {**section.get("options", {}), "num_classes": int(data.num_classes)}
     raw["data"] = section
