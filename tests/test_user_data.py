@@ -324,3 +324,13 @@ def test_bad_arrays_are_refused_by_the_api_at_once() -> None:
     assert lb.arrays(_X, _Y * 3, num_classes=4).num_classes == 4
     with pytest.raises(ConfigError, match="client must be 1-D"):
         lb.arrays(_X, _Y, client=_Y[:5])
+
+
+def test_seeds_of_in_memory_arrays_read_them_from_the_seeds_folder(tmp_path: Path) -> None:
+    x, y = digits_arrays()
+    exp = lb.experiment({**BASE, "rounds": 1, "data": {"num_clients": 4}}, data=lb.arrays(x, y, client=y % 4))
+    seeds = lb.run_seeds(exp, seeds=[0, 1], out=tmp_path / "s", workers=1)
+    assert (tmp_path / "s" / "data.npz").is_file() and len(seeds) == 2
+    assert all(r.config.data.path == str(tmp_path / "s" / "data.npz") for r in seeds)
+    one = lb.run(lb.experiment(exp, seed=1), write=False)
+    assert seeds[1].records == one.records
