@@ -283,6 +283,9 @@ BAD: list[tuple[str, Callable[[Path], Path], dict[str, Any], str]] = [
      {"model": "text_bag"}, "text_bag reads token ids"),
     ("cnn on too small images", _save("a.npz", x=np.zeros((40, 1, 6, 6), np.float32), y=_Y),
      {"model": "cnn_fmnist"}, "too small"),
+    ("num_classes 1", _save("a.npz", x=_X, y=_Y), {"options": {"num_classes": 1}}, "or a count >= 2, got 1"),
+    ("test_fraction 1", _save("a.npz", x=_X, y=_Y), {"options": {"test_fraction": 1.0}}, "in (0, 1); got 1.0"),
+    ("max_gb 0", _save("a.npz", x=_X, y=_Y), {"options": {"max_gb": 0.0}}, "max_gb: the most memory"),
     ("path without npz", lambda t: t / "x.npz", {"dataset": "digits"}, "data.path: read only with data.dataset"),
 ]
 

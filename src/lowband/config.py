@@ -506,7 +506,15 @@ def _validate_user_data(exp: Experiment) -> None:
     if not d.path:
         raise ConfigError("data.path: dataset 'npz' needs data.path, the .npz file holding arrays x and y "
                           "(numpy.savez('my.npz', x=x, y=y))")
-    max_gb = float(d.options.get("max_gb", NPZ_OPTIONS["max_gb"]))
+    o = {**NPZ_OPTIONS, **d.options}
+    if o["num_classes"] != 0 and o["num_classes"] < 2:
+        raise ConfigError(f"data.options.num_classes: 0 (max(y) + 1) or a count >= 2, got {o['num_classes']}")
+    if not o["max_gb"] > 0:
+        raise ConfigError(f"data.options.max_gb: the most memory (GB) the arrays may need, > 0; got {o['max_gb']}")
+    if not 0 < o["test_fraction"] < 1:
+        raise ConfigError(f"data.options.test_fraction: the share of the rows held out as the global test set when "
+                          f"the data has no x_test/y_test, in (0, 1); got {o['test_fraction']}")
+    max_gb = float(o["max_gb"])
     clients = client_count(d.path, max_gb)
     if "test_fraction" in d.options:
         from lowband.data.userdata import MEMORY_PREFIX, inspect_npz
