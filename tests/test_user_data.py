@@ -92,6 +92,8 @@ def test_npz_through_the_cli_and_the_api_equals_the_same_arrays(tmp_path: Path, 
     assert exp.data.dataset == "npz" and exp.data.path.startswith("memory:digits-")
     via_arrays = lb.run(exp, write=False)
     assert via_cli == via_path.records == via_arrays.records
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["dataset"] == "npz" and summary["data_sha256"] == mem.digest == via_arrays.summary["data_sha256"]
     first, last = via_cli[0]["global/acc"], via_cli[-1]["global/acc"]
     assert last > first + 0.25 and last > 0.4, (first, last)  # 13% -> 50% measured
 

@@ -436,6 +436,7 @@ class Simulation:
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
                    "seed": exp.seed, "protocols": self.protocols, **self._ledger_summary(),
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
+                   **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
         )
         if log is not None:
