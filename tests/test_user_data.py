@@ -339,3 +339,29 @@ def test_seeds_of_in_memory_arrays_read_them_from_the_seeds_folder(tmp_path: Pat
     assert all(r.config.data.path == str(tmp_path / "s" / "data.npz") for r in seeds)
     one = lb.run(lb.experiment(exp, seed=1), write=False)
     assert seeds[1].records == one.records
+
+
+def test_csv_table_equals_the_same_npz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CSV (header; y, client and feature columns) runs like the npz of the same values."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(240, 4)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + 2 * (x[:, 2] > 0.5)
+    client = np.arange(240) % 3
+    lines = ["f0,y,f1,client,f2,f3"] + [f"{r[0]:.9g},{c},{r[1]:.9g},{k},{r[2]:.9g},{r[3]:.9g}"
+                                         for r, c, k in zip(x, y, client)]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    np.savez(tmp_path / "t.npz", x=x, y=y, client=client)
+    a = lb.run(lb.experiment({**BASE, "rounds": 2, "data": {"dataset": "csv", "path": str(tmp_path / "t.csv")}}),
+               write=False)
+    b = lb.run(lb.experiment({**BASE, "rounds": 2, "data": {"dataset": "npz", "path": str(tmp_path / "t.npz")}}),
+               write=False)
+    assert a.config.data.partition == "given" and a.config.data.num_clients == 3
+    assert a.records == b.records and a.records[-1]["global/acc"] > a.records[0]["global/acc"] + 0.1
+    for text, expect in [("a,b\n1,2\n", "no column 'y'"), ("f,y\n1,0\nx,1\n", "not a numeric CSV"),
+                         ("f,y\n", "no rows"), ("f,y\n1,0\n2,1,3\n", "not a numeric CSV"),
+                         ("f,y\n0.5,1.5\n1,0\n", "integer class ids")]:
+        (tmp_path / "bad.csv").write_text(text)
+        cfg = config(tmp_path, {"dataset": "csv", "path": str(tmp_path / "bad.csv"), "num_clients": 1})
+        rc, out, err = cli(capsys, "run", cfg, "--out", tmp_path / "nope", "--quiet")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and expect in err, (text, err)
+        assert not (tmp_path / "nope").exists()

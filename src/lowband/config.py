@@ -493,9 +493,9 @@ def _validate_user_data(exp: Experiment) -> None:
     config takes ``partition = "given"`` and ``num_clients`` = its number of clients (written
     into the resolved config, so a resumed run reads the same)."""
     d = exp.data
-    if d.dataset != "npz":
+    if d.dataset not in ("npz", "csv"):
         if d.path is not None:
-            raise ConfigError(f"data.path: read only with data.dataset = 'npz' (the user's file); dataset "
+            raise ConfigError(f"data.path: read only with data.dataset = 'npz' or 'csv' (the user's file); dataset "
                               f"{d.dataset!r} is found under data.data_dir: drop data.path or set dataset = 'npz'")
         if d.partition == "given":
             raise ConfigError("data.partition: 'given' takes the client ids of the user's data (dataset = 'npz' "
@@ -504,8 +504,8 @@ def _validate_user_data(exp: Experiment) -> None:
     from lowband.data.userdata import NPZ_OPTIONS, client_count, load_arrays
 
     if not d.path:
-        raise ConfigError("data.path: dataset 'npz' needs data.path, the .npz file holding arrays x and y "
-                          "(numpy.savez('my.npz', x=x, y=y))")
+        raise ConfigError(f"data.path: dataset {d.dataset!r} needs data.path, the file holding your data (an .npz "
+                          f"with arrays x and y: numpy.savez('my.npz', x=x, y=y); or a CSV with a y column)")
     o = {**NPZ_OPTIONS, **d.options}
     if o["num_classes"] != 0 and o["num_classes"] < 2:
         raise ConfigError(f"data.options.num_classes: 0 (max(y) + 1) or a count >= 2, got {o['num_classes']}")
@@ -515,8 +515,8 @@ def _validate_user_data(exp: Experiment) -> None:
         raise ConfigError(f"data.options.test_fraction: the share of the rows held out as the global test set when "
                           f"the data has no x_test/y_test, in (0, 1); got {o['test_fraction']}")
     max_gb = float(o["max_gb"])
-    clients = client_count(d.path, max_gb)
-    if "test_fraction" in d.options:
+    clients = client_count(d.path, max_gb, d.dataset)
+    if "test_fraction" in d.options and d.dataset == "npz":
         from lowband.data.userdata import MEMORY_PREFIX, inspect_npz
 
         has_test = (load_arrays(d.path).x_test is not None if d.path.startswith(MEMORY_PREFIX)

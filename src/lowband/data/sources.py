@@ -136,6 +136,12 @@ DATASETS: dict[str, DatasetInfo] = {
         "(N int ids: partition 'given'), x_test/y_test (else test_fraction held out); see lowband.data.userdata",
         (), dict(NPZ_OPTIONS), "the user's file",
     ),
+    "csv": DatasetInfo(
+        "csv",
+        "your own table: data.path = a CSV with a header row, a y column (int labels), optional client column, "
+        "every other column a float feature; test_fraction held out; see lowband.data.userdata",
+        (), dict(NPZ_OPTIONS), "the user's file",
+    ),
 }
 
 
@@ -260,9 +266,9 @@ def load_dataset(
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    if name == "npz":
-        raise ValueError("dataset 'npz' is read from a path: use lowband.data.userdata.load_user_dataset(path, "
-                         "**options)")
+    if name in ("npz", "csv"):
+        raise ValueError(f"dataset {name!r} is read from a path: use lowband.data.userdata.load_user_dataset(path, "
+                         f"{name!r}, **options)")
     opts = _check_options(name, options)
     info = DATASETS[name]
     root = ""

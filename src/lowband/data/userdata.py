@@ -1,5 +1,6 @@
-"""The user's own data: an ``.npz`` file (``data.dataset = "npz"``, ``data.path``) or arrays
-given through the Python API (:func:`arrays`, :func:`from_torch`).
+"""The user's own data: an ``.npz`` file (``data.dataset = "npz"``, ``data.path``), a CSV table
+(``data.dataset = "csv"``, see :func:`read_csv`) or arrays given through the Python API
+(:func:`arrays`, :func:`from_torch`).
 
 What a file (or :func:`arrays`) holds, by array name:
 
@@ -55,9 +56,11 @@ from lowband.config import ConfigError
 from ..seeding import np_gen
 from .partition import split_local
 
-__all__ = ["ArrayData", "UserDataError", "NPZ_KEYS", "NPZ_OPTIONS", "arrays", "from_torch", "inspect_npz",
+__all__ = ["USER_DATASETS", "read_csv", "ArrayData", "UserDataError", "NPZ_KEYS", "NPZ_OPTIONS", "arrays", "from_torch", "inspect_npz",
            "load_arrays", "load_user_dataset", "client_count", "check_model_input", "MEMORY_PREFIX"]
 
+#: the dataset names of the user's files: ``npz`` (arrays) and ``csv`` (a table)
+USER_DATASETS = ("npz", "csv")
 #: the arrays an npz may hold
 NPZ_KEYS = ("x", "y", "client", "x_test", "y_test")
 #: ``data.options`` of ``dataset = "npz"`` with their defaults (0 num_classes: inferred)
@@ -381,8 +384,60 @@ def _resolve(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def load_arrays(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], num_classes: int = 0) -> ArrayData:
-    """The checked arrays of ``data.path`` (an npz file or a ``memory:`` reference)."""
+def read_csv(path: Path, max_gb: float = NPZ_OPTIONS["max_gb"]) -> ArrayData:
+    """A CSV table (``dataset = "csv"``): a header row naming the columns, then one row per
+    sample; column ``y`` holds the labels, an optional column ``client`` the client ids,
+    every other column is a float feature. No test table: ``test_fraction`` is held out."""
+    import csv
+
+    where = f"data.path: {path}"
+    if not path.is_file():
+        raise UserDataError(f"{where} not found; pass a CSV file with a header row, a y column (labels) and "
+                            f"feature columns" if not path.exists() else f"{where} is not a file")
+    size = path.stat().st_size
+    if size * 4 > max_gb * 1e9:  # >= 2 characters per value, 8 bytes per parsed value
+        raise UserDataError(f"{where}: {size / 1e9:.1f} GB of text may need {4 * size / 1e9:.1f} GB in memory, more "
+                            f"than data.options.max_gb = {max_gb:g}; raise max_gb if you mean it")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+            if not header:
+                raise UserDataError(f"{where} is empty; expected a header row naming the columns (y, features...)")
+            cols = [h.strip() for h in header]
+            if "y" not in cols:
+                raise UserDataError(f"{where}: no column 'y' in the header ({', '.join(cols[:6])}"
+                                    f"{', ...' if len(cols) > 6 else ''}); name the label column y")
+            if len(set(cols)) != len(cols):
+                raise UserDataError(f"{where}: the header names a column twice")
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "input contained no data": refused below, in one line
+                table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
+    except UserDataError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise UserDataError(f"{where} is not a numeric CSV table ({msg})") from None
+    if table.shape[0] == 0:
+        raise UserDataError(f"{where} has no rows under its header")
+    if table.shape[1] != len(cols):
+        raise UserDataError(f"{where}: rows have {table.shape[1]} values, the header names {len(cols)} columns")
+    feats = [i for i, c in enumerate(cols) if c not in ("y", "client")]
+    if not feats:
+        raise UserDataError(f"{where}: no feature columns (every column but y and client is a feature)")
+    client = None
+    if "client" in cols:
+        c = table[:, cols.index("client")]
+        if not (np.isfinite(c) & (c == np.round(c))).all():
+            raise UserDataError(f"{where}: column client must hold integer client ids")
+        client = c.astype(np.int64)
+    return ArrayData(table[:, feats], table[:, cols.index("y")], client, None, None, None, path.stem)
+
+
+def load_arrays(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], num_classes: int = 0,
+                kind: str = "npz") -> ArrayData:
+    """The checked arrays of ``data.path`` (an npz or CSV file, or a ``memory:`` reference)."""
     if path.startswith(MEMORY_PREFIX):
         if path not in _MEMORY:
             raise UserDataError(f"data.path: {path} names arrays given to lowband.experiment() in another process; "
@@ -391,6 +446,11 @@ def load_arrays(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], num_classes: i
         d = _MEMORY[path]
         return d if not num_classes else ArrayData(d.x, d.y, d.client, d.x_test, d.y_test, num_classes, d.name)
     p = _resolve(path)
+    if kind == "csv":
+        d = read_csv(p, max_gb)
+        d.num_classes = num_classes or None
+        check_arrays(d, f"data.path: {p}", "data.options.num_classes")
+        return d
     inspect_npz(p, max_gb)
     try:
         with np.load(p, allow_pickle=False) as z:
@@ -404,11 +464,11 @@ def load_arrays(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], num_classes: i
     return d
 
 
-def client_count(path: str, max_gb: float = NPZ_OPTIONS["max_gb"]) -> Optional[int]:
+def client_count(path: str, max_gb: float = NPZ_OPTIONS["max_gb"], kind: str = "npz") -> Optional[int]:
     """The number of distinct client ids of ``data.path`` (None: no ``client`` array). Reads
-    only the headers and the ``client`` array."""
-    if path.startswith(MEMORY_PREFIX):
-        d = load_arrays(path)
+    only the headers and the ``client`` array of an npz (a CSV is read whole)."""
+    if path.startswith(MEMORY_PREFIX) or kind == "csv":
+        d = load_arrays(path, max_gb, kind=kind)
         return None if d.client is None else int(np.unique(d.client).size)
     p = _resolve(path)
     info = inspect_npz(p, max_gb)
@@ -495,31 +555,35 @@ def to_dataset_fields(d: ArrayData, *, test_fraction: float, seed: int, normaliz
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(path: str, stamp: tuple[int, int], options: tuple[tuple[str, Any], ...]) -> Any:
+def _cached(path: str, kind: str, stamp: tuple[int, int], options: tuple[tuple[str, Any], ...]) -> Any:
     from .sources import Dataset
 
     o = dict(options)
-    d = load_arrays(path, o["max_gb"], o["num_classes"])
+    d = load_arrays(path, o["max_gb"], o["num_classes"], kind)
     fields = to_dataset_fields(d, test_fraction=o["test_fraction"], seed=o["seed"], normalize=o["normalize"],
                                num_classes=o["num_classes"], source=path)
-    return Dataset(name="npz", **fields)
+    return Dataset(name=kind, **fields)
 
 
-def load_user_dataset(path: Optional[str], **options: Any) -> Any:
-    """The :class:`~lowband.data.sources.Dataset` of ``data.path`` with ``data.options``
-    (defaults :data:`NPZ_OPTIONS`); cached in-process while the file is unchanged."""
+def load_user_dataset(path: Optional[str], kind: str = "npz", **options: Any) -> Any:
+    """The :class:`~lowband.data.sources.Dataset` of ``data.path`` (``kind``: ``npz`` or
+    ``csv``) with ``data.options`` (defaults :data:`NPZ_OPTIONS`); cached in-process while
+    the file is unchanged."""
     if not path:
-        raise UserDataError("data.path: dataset 'npz' needs data.path, the .npz file holding x and y")
+        raise UserDataError(f"data.path: dataset {kind!r} needs data.path, the file holding the data")
     o = {**NPZ_OPTIONS, **options}
     if path.startswith(MEMORY_PREFIX):
         stamp = (0, 0)
     else:
         p = _resolve(path)
-        inspect_npz(p, o["max_gb"])  # one-line errors before anything is read (and a changed file re-checked)
+        if kind == "npz":
+            inspect_npz(p, o["max_gb"])  # one-line errors before anything is read (and a changed file re-checked)
+        elif not p.is_file():
+            read_csv(p, o["max_gb"])  # its one-line error
         st = p.stat()
         stamp = (int(st.st_mtime_ns), int(st.st_size))
         path = str(p.resolve())
-    return _cached(path, stamp, tuple(sorted(o.items())))
+    return _cached(path, kind, stamp, tuple(sorted(o.items())))
 
 
 def check_model_input(exp: Any, ds: Any) -> None:

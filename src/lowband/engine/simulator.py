@@ -76,10 +76,10 @@ def load_data(exp: Experiment) -> Dataset:
     """The experiment's dataset: a built-in or plugin one by name, or the user's npz
     (``data.dataset = "npz"``, :mod:`lowband.data.userdata`)."""
     d = exp.data
-    if d.dataset == "npz":
+    if d.dataset in ("npz", "csv"):
         from lowband.data.userdata import check_model_input, load_user_dataset
 
-        ds = load_user_dataset(d.path, **d.options)
+        ds = load_user_dataset(d.path, d.dataset, **d.options)
         check_model_input(exp, ds)
         return ds
     return load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
