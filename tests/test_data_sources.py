@@ -232,10 +232,11 @@ def test_synthetic_fedprox_generator() -> None:
 
 
 def test_registry_options_and_names_are_validated() -> None:
-    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "ag_news", "digits", "synthetic"}
+    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "ag_news", "digits", "synthetic", "npz", "csv"}
     assert DATASETS["ag_news"].options["vocab_size"] == 20000 and DATASETS["digits"].needs_files == ()
     for call, expect in [
         (lambda: load_dataset("imagenet"), "unknown dataset 'imagenet'"),
+        (lambda: load_dataset("npz"), "read from a path"),  # the user's data: lowband.data.userdata
         (lambda: load_dataset("digits", test_fraction=0.2, seeds=1), "unknown option 'seeds'"),
         (lambda: load_dataset("synthetic", num_clients=2.5), "'num_clients' must be int"),
         (lambda: load_dataset("synthetic", iid=1), "'iid' must be bool"),

@@ -41,7 +41,7 @@ def test_docs_python_api_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     matplotlib.use("Agg")
     ns: dict = {}
     blocks = python_blocks(DOCS / "python-api.md")
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for block in blocks:
         exec(compile(block, "docs/python-api.md", "exec"), ns)
     assert (tmp_path / "accuracy_vs_bytes.png").read_bytes()[:8] == PNG_MAGIC

@@ -9,6 +9,7 @@ The Python API (docs/python-api.md)::
     import lowband as lb
     exp = lb.experiment("cfg.toml", rounds=5, algorithm={"lr": 0.1})
     res = lb.run(exp, write=False)          # Result: .metrics, .ledger, .summary, .model(), .plot()
+    mine = lb.experiment(exp, data=lb.arrays(x, y))   # your own data (or lb.from_torch(dataset))
     seeds = lb.run_seeds(exp, seeds=[0, 1, 2], out="runs/x")   # mean, std, 95% CI
 """
 
@@ -16,8 +17,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("experiment", "run", "run_seeds", "sweep", "load_run", "load_plugin", "Result", "SeedResults",
-        "SweepResult")
+_API = ("experiment", "run", "run_seeds", "sweep", "load_run", "load_plugin", "arrays", "from_torch", "Result",
+        "SeedResults", "SweepResult")
 
 
 def __getattr__(name: str) -> Any:  # the API loads on first use: `import lowband.cli` stays light

@@ -38,6 +38,10 @@ def _ensure_plugins() -> None:
 
 
 def _plain(v: Any) -> Any:
+    from lowband.data.userdata import ArrayData
+
+    if isinstance(v, ArrayData):
+        return v.ref
     if isinstance(v, Path):
         return str(v)
     if isinstance(v, Mapping):
@@ -47,10 +51,30 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _use_arrays(raw: dict[str, Any], data: Any) -> None:
+    """``data=lb.arrays(...)``: the data section reads those arrays (``dataset = "npz"``,
+    ``path = "memory:..."``); options of another dataset are dropped, the arrays'
+    ``num_classes`` (if given) becomes ``options.num_classes``, and arrays with client ids
+    replace the section's partition keys (their partition is ``"given"``)."""
+    section = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    if section.get("dataset", "digits") != "npz":
+        section.pop("options", None)
+    section.update({"dataset": "npz", "path": data.ref})
+    if data.client is not None:  # the arrays' client ids are the partition (pass none to re-deal the rows)
+        for key in ("partition", "num_clients", "alpha", "min_size", "classes_per_client", "samples_per_client"):
+            section.pop(key, None)
+    if data.num_classes:
+        section["options"] = {**section.get("options", {}), "num_classes": int(data.num_classes)}
+    raw["data"] = section
+
+
 def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
     from lowband.batch import set_key
+    from lowband.data.userdata import ArrayData
 
-    if "." in key:
+    if key == "data" and isinstance(value, ArrayData):
+        _use_arrays(raw, value)
+    elif "." in key:
         set_key(raw, key, value)
     elif isinstance(value, dict) and isinstance(raw.get(key), dict):
         for k, v in value.items():
@@ -83,9 +107,70 @@ def experiment(source: str | Path | Mapping[str, Any] | Experiment | None = None
     else:
         raise ConfigError(f"experiment(): expected a TOML path, a dict or an Experiment, got {type(source).__name__}")
     for key, value in options.items():
-        _merge(raw, key, _plain(value))
+        _merge(raw, key, value if key == "data" and _is_arrays(value) else _plain(value))
     raw = apply_overrides(raw, list(overrides))
+    data = raw.get("data")
+    if isinstance(data, dict) and str(data.get("path", "")).startswith("memory:") and "dataset" not in data:
+        data["dataset"] = "npz"  # {"data": {"path": lb.arrays(...)}}
     return validate(raw)
+
+
+def _is_arrays(v: Any) -> bool:
+    from lowband.data.userdata import ArrayData
+
+    return isinstance(v, ArrayData)
+
+
+def arrays(x: Any, y: Any, *, client: Any = None, x_test: Any = None, y_test: Any = None,
+           num_classes: Optional[int] = None, name: str = "arrays") -> Any:
+    """Your own data from arrays, for ``experiment(..., data=lb.arrays(x, y))``: ``x`` (N x ...
+    float features/images or uint8 images), ``y`` (N int labels), optional ``client`` (N int
+    client ids: the partition becomes ``"given"``), ``x_test``/``y_test`` (the global test
+    set; else ``data.options.test_fraction`` of the rows is held out) and ``num_classes``
+    (to keep label ids with gaps). Checked at once (one-line ``ConfigError``); see
+    :mod:`lowband.data.userdata`."""
+    from lowband.data.userdata import arrays as _arrays
+
+    return _arrays(x, y, client=client, x_test=x_test, y_test=y_test, num_classes=num_classes, name=name)
+
+
+def from_torch(dataset: Any, *, test: Any = None, client: Any = None, num_classes: Optional[int] = None,
+               name: str = "torch") -> Any:
+    """Your own data from a map-style torch ``Dataset`` of (input, label) pairs (and ``test``,
+    the global test set), read once into arrays: like :func:`arrays`."""
+    from lowband.data.userdata import from_torch as _from_torch
+
+    return _from_torch(dataset, test=test, client=client, num_classes=num_classes, name=name)
+
+
+def _materialise(e: Experiment, folder: Path) -> tuple[Experiment, Any, Optional[Path]]:
+    """For a written run of in-memory arrays: the experiment whose ``data.path`` is
+    ``folder/data.npz``, the arrays, and that path (``(e, None, None)`` for file data)."""
+    from lowband.data.userdata import MEMORY_PREFIX, RUN_DATA_FILE, load_arrays
+
+    path = e.data.path
+    if e.data.dataset != "npz" or not path or not path.startswith(MEMORY_PREFIX):
+        return e, None, None
+    data = load_arrays(path)
+    target = folder / RUN_DATA_FILE
+    out = e.model_copy(deep=True)
+    out.data.path = str(target)
+    if data.num_classes and "num_classes" not in out.data.options:  # an npz does not keep it
+        out.data.options = {**out.data.options, "num_classes": int(data.num_classes)}
+    return out, data, target
+
+
+def _write_arrays(data: Any, target: Path) -> None:
+    """Keep the arrays in ``target`` (an existing file must hold the same arrays)."""
+    from lowband.data.userdata import load_arrays
+    from lowband.engine.runlog import RunDirError
+
+    if target.exists():
+        if load_arrays(str(target)).digest != data.digest:
+            raise RunDirError(f"{target} holds other data than the arrays given; choose another out_dir")
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data.save(target)
 
 
 def _as_experiment(exp: Any, options: dict[str, Any]) -> Experiment:
@@ -179,10 +264,9 @@ class Result:
 
         exp = self.config
         if self._data_shape is None:
-            from lowband.data.sources import load_dataset
+            from lowband.engine.simulator import load_data
 
-            d = exp.data
-            ds = load_dataset(d.dataset, d.data_dir, download=False, **d.options)
+            ds = load_data(exp.model_copy(update={"data": exp.data.model_copy(update={"download": False})}))
             self._data_shape = (ds.num_classes, tuple(ds.input_shape), dict(ds.meta))
         num_classes, shape, meta = self._data_shape
         mix = list(exp.model.mix or [])
@@ -377,7 +461,21 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
     if out is not None:
         options["out_dir"] = str(out)
     e = _as_experiment(exp, options)
-    sim = Simulation(e, resume=resume, write=write)
+    data = target = None
+    if write:  # in-memory arrays go to the run folder's data.npz, and the config points there
+        e_mem = e
+        e, data, target = _materialise(e, e.run_dir())
+    if data is not None:
+        from lowband.engine.runlog import RunLog
+        from lowband.engine.simulator import config_errors, make_federation
+
+        RunLog.check(e, resume=resume)
+        with config_errors("data"):
+            fed = make_federation(e_mem)
+        sim = Simulation(e, resume=resume, write=write, federation=fed)
+        _write_arrays(data, target)  # type: ignore[arg-type]
+    else:
+        sim = Simulation(e, resume=resume, write=write)
     bar = None
     if progress:
         from lowband.cli import _Progress
@@ -408,6 +506,9 @@ def run_seeds(exp: Any = None, /, seeds: Sequence[int] | str = (0, 1, 2), *, out
     from lowband.batch import raw_config, run_seeds as _run
 
     e = _as_experiment(exp, options)
+    e, data, target = _materialise(e, Path(out) if out is not None else e.run_dir())
+    if data is not None:  # the worker processes read the arrays from out/data.npz
+        _write_arrays(data, target)  # type: ignore[arg-type]
     base = _run(raw_config(e), seeds, out=out, workers=workers, backend=backend, progress=progress)
     return _load_seeds(base)
 
@@ -421,6 +522,9 @@ def sweep(exp: Any = None, /, grid: Optional[Mapping[str, Sequence[Any]]] = None
     from lowband.batch import raw_config, run_sweep
 
     e = _as_experiment(exp, options)
+    e, data, target = _materialise(e, Path(out) if out is not None else Path("runs") / f"{e.name}-sweep")
+    if data is not None:  # the worker processes read the arrays from out/data.npz
+        _write_arrays(data, target)  # type: ignore[arg-type]
     g = {str(k): [_plain(v) for v in vs] for k, vs in (grid or {}).items()}
     for k, vs in g.items():
         if len(vs) < 1:
@@ -457,7 +561,12 @@ def _load_one(p: Path) -> Result:
     from lowband.report import load_run as load_record
 
     rec = load_record(p)
-    exp = load_experiment(p / "config.toml")
+    overrides = []
+    from lowband.data.userdata import RUN_DATA_FILE
+
+    if (p / RUN_DATA_FILE).is_file() and load_toml(p / "config.toml").get("data", {}).get("dataset") == "npz":
+        overrides.append(f"data.path={json.dumps(str(p / RUN_DATA_FILE))}")  # the run keeps its arrays
+    exp = load_experiment(p / "config.toml", overrides)
     return Result(exp, rec.summary, rec.metrics, run_ledger(p), run_dir=p,
                   timing=RunLog.read_jsonl(p / "timing.jsonl"))
 
@@ -490,5 +599,5 @@ def load_plugin(spec: str | Path) -> Any:
     return _load(spec)
 
 
-__all__ = ["Result", "SeedResults", "SweepResult", "experiment", "load_plugin", "load_run", "run", "run_seeds",
-           "sweep"]
+__all__ = ["Result", "SeedResults", "SweepResult", "arrays", "experiment", "from_torch", "load_plugin", "load_run",
+           "run", "run_seeds", "sweep"]

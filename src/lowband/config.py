@@ -41,11 +41,14 @@ class DataConfig(_Strict):
     """Where the data comes from and how it is split among nodes."""
 
     dataset: str = "digits"
+    #: dataset = "npz": the user's .npz file (x, y; optional client, x_test, y_test), see lowband.data.userdata
+    path: Optional[str] = None
     data_dir: Optional[str] = None
     download: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
     num_clients: int = Field(10, ge=1, le=100_000)
-    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural"] = "iid"
+    #: "given": the client ids of the user's data (dataset = "npz" with a client array)
+    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given"] = "iid"
     alpha: Optional[float] = Field(None, gt=0)
     min_size: int = Field(10, ge=0)
     classes_per_client: int = Field(2, ge=1)
@@ -560,6 +563,7 @@ def _validate_plugins(exp: Experiment) -> None:
         _check_options(exp.data.dataset, exp.data.options)
     except ValueError as exc:
         raise ConfigError(f"data.options: {exc}") from None
+    _validate_user_data(exp)
     from lowband.comm.codecs import parse_codec
 
     for key, spec in [("comm.codec", exp.comm.codec)] + [
@@ -569,6 +573,58 @@ def _validate_plugins(exp: Experiment) -> None:
             parse_codec(spec)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
+
+
+def _validate_user_data(exp: Experiment) -> None:
+    """``dataset = "npz"``: check the file's headers (cheap, nothing loaded but the client
+    ids) and resolve the partition: a file with client ids and no ``data.partition`` in the
+    config takes ``partition = "given"`` and ``num_clients`` = its number of clients (written
+    into the resolved config, so a resumed run reads the same)."""
+    d = exp.data
+    if d.dataset not in ("npz", "csv"):
+        if d.path is not None:
+            raise ConfigError(f"data.path: read only with data.dataset = 'npz' or 'csv' (the user's file); dataset "
+                              f"{d.dataset!r} is found under data.data_dir: drop data.path or set dataset = 'npz'")
+        if d.partition == "given":
+            raise ConfigError("data.partition: 'given' takes the client ids of the user's data (dataset = 'npz' "
+                              "with a client array); use 'natural' for a dataset's own clients")
+        return
+    from lowband.data.userdata import NPZ_OPTIONS, client_count, load_arrays
+
+    if not d.path:
+        raise ConfigError(f"data.path: dataset {d.dataset!r} needs data.path, the file holding your data (an .npz "
+                          f"with arrays x and y: numpy.savez('my.npz', x=x, y=y); or a CSV with a y column)")
+    o = {**NPZ_OPTIONS, **d.options}
+    if o["num_classes"] != 0 and o["num_classes"] < 2:
+        raise ConfigError(f"data.options.num_classes: 0 (max(y) + 1) or a count >= 2, got {o['num_classes']}")
+    if not o["max_gb"] > 0:
+        raise ConfigError(f"data.options.max_gb: the most memory (GB) the arrays may need, > 0; got {o['max_gb']}")
+    if not 0 < o["test_fraction"] < 1:
+        raise ConfigError(f"data.options.test_fraction: the share of the rows held out as the global test set when "
+                          f"the data has no x_test/y_test, in (0, 1); got {o['test_fraction']}")
+    max_gb = float(o["max_gb"])
+    clients = client_count(d.path, max_gb, d.dataset)
+    if "test_fraction" in d.options and d.dataset == "npz":
+        from lowband.data.userdata import MEMORY_PREFIX, inspect_npz
+
+        has_test = (load_arrays(d.path).x_test is not None if d.path.startswith(MEMORY_PREFIX)
+                    else "x_test" in inspect_npz(Path(d.path).expanduser(), max_gb))
+        if has_test:
+            raise ConfigError(f"data.options.test_fraction: {d.path} has x_test/y_test, the global test set, so "
+                              f"nothing is carved out of x; drop test_fraction")
+    if clients is None:
+        if d.partition == "given":
+            raise ConfigError(f"data.partition: 'given' needs client ids in {d.path} (an array named client, one "
+                              f"int per row of x); or choose iid, dirichlet, shards or ntk_fl")
+        return
+    if "partition" not in d.model_fields_set:
+        d.partition = "given"
+    if d.partition == "given":
+        if "num_clients" not in d.model_fields_set:
+            d.num_clients = clients
+        elif d.num_clients != clients:
+            raise ConfigError(f"data.num_clients: {d.path} gives {clients} distinct client ids and num_clients is "
+                              f"{d.num_clients}; drop num_clients (it follows the file) or set it to {clients}")
 
 
 def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:

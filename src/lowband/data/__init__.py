@@ -4,6 +4,7 @@ Typical use::
 
     ds = load_dataset("fashion_mnist", "../shared/data")
     fed = build_federation(ds, num_clients=20, partition="dirichlet", alpha=0.5, seed=0)
+    mine = load_user_dataset("my.npz")   # your own data (x, y[, client, x_test, y_test]); see userdata
 """
 
 from .download import FileCheck, download, verify
@@ -19,10 +20,11 @@ from .sources import (
     missing_files,
     resolve_data_dir,
 )
+from .userdata import ArrayData, UserDataError, load_user_dataset
 
 __all__ = [
     "DATASETS", "Dataset", "DatasetError", "DatasetInfo", "FileCheck", "Federation", "NodeData",
     "PARTITIONS", "PartitionError", "build_federation", "class_counts", "clear_cache", "dirichlet",
     "download", "iid", "load_dataset", "missing_files", "ntk_fl", "plot_partition",
-    "resolve_data_dir", "shards", "split_local", "verify",
+    "resolve_data_dir", "shards", "split_local", "verify", "ArrayData", "UserDataError", "load_user_dataset",
 ]

@@ -35,7 +35,7 @@ from .sources import Dataset
 
 __all__ = ["NodeData", "Federation", "build_federation", "PARTITIONS"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural")
+PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural", "given")
 
 
 @dataclass(repr=False)
@@ -138,6 +138,19 @@ def _public_indices(labels: np.ndarray, size: int, source: str, num_classes: int
     return np.sort(rng.choice(pool, size, replace=False)).astype(np.int64)
 
 
+def _check_client_sizes(local: list[np.ndarray], split: tuple[float, ...], ids: list[int] | None) -> None:
+    """A client of its own (natural/given partition) needs a sample for every non-zero
+    part of ``split`` (else it has no training data, or an empty local test split)."""
+    need = sum(1 for s in split if s > 0)
+    for i, p in enumerate(local):
+        if p.size < need:
+            who = f"client id {ids[i]}" if ids is not None else f"client {i}"
+            raise P.PartitionError(
+                f"{who} has {p.size} training sample{'s' if p.size != 1 else ''} (after the global test and public "
+                f"sets), and split = {list(split)} needs at least {need} per client; merge or drop small clients, "
+                f"or change data.split")
+
+
 def build_federation(
     dataset: Dataset,
     *,
@@ -199,18 +212,21 @@ def build_federation(
         local = P.shards(pool_y, num_clients, classes_per_client, rng)
     elif partition == "ntk_fl":
         local = P.ntk_fl(pool_y, num_clients, alpha, rng, samples_per_client=samples_per_client)
-    else:
+    else:  # natural / given: the dataset's own clients (synthetic) or the user's client ids (npz)
         if dataset.natural_partition is None:
-            raise ValueError(f"partition='natural' needs a dataset with its own clients; {dataset.name} has none (use iid/dirichlet/shards/ntk_fl)")
+            what = "client ids (an npz with a client array)" if partition == "given" else "its own clients"
+            raise ValueError(f"partition={partition!r} needs a dataset with {what}; {dataset.name} has none "
+                             f"(use iid/dirichlet/shards/ntk_fl)")
         if num_clients != len(dataset.natural_partition):
             raise ValueError(
-                f"partition='natural': {dataset.name} defines {len(dataset.natural_partition)} clients, "
+                f"partition={partition!r}: {dataset.name} defines {len(dataset.natural_partition)} clients, "
                 f"num_clients={num_clients}; set num_clients to match"
             )
         pos = np.full(n, -1, dtype=np.int64)
         pos[pool] = np.arange(pool.size)
         local = [pos[np.asarray(p, dtype=np.int64)] for p in dataset.natural_partition]
         local = [p[p >= 0] for p in local]  # drop samples taken for the public set
+        _check_client_sizes(local, split, dataset.meta.get("client_ids"))
     parts = [pool[p] for p in local]
 
     nodes = []

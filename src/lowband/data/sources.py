@@ -23,6 +23,7 @@ import torch
 
 from .errors import DatasetError
 from .files import FILES
+from .userdata import NPZ_OPTIONS
 
 __all__ = [
     "Dataset",
@@ -128,6 +129,18 @@ DATASETS: dict[str, DatasetInfo] = {
         {"alpha": 1.0, "beta": 1.0, "num_clients": 30, "dim": 60, "num_classes": 10,
          "iid": False, "train_fraction": 0.8, "seed": 0},
         "Li et al. 2020 (FedProx)",
+    ),
+    "npz": DatasetInfo(
+        "npz",
+        "your own data: data.path = an .npz with x (N x ... float or uint8), y (N int labels), optional client "
+        "(N int ids: partition 'given'), x_test/y_test (else test_fraction held out); see lowband.data.userdata",
+        (), dict(NPZ_OPTIONS), "the user's file",
+    ),
+    "csv": DatasetInfo(
+        "csv",
+        "your own table: data.path = a CSV with a header row, a y column (int labels), optional client column, "
+        "every other column a float feature; test_fraction held out; see lowband.data.userdata",
+        (), dict(NPZ_OPTIONS), "the user's file",
     ),
 }
 
@@ -253,6 +266,9 @@ def load_dataset(
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if name in ("npz", "csv"):
+        raise ValueError(f"dataset {name!r} is read from a path: use lowband.data.userdata.load_user_dataset(path, "
+                         f"{name!r}, **options)")
     opts = _check_options(name, options)
     info = DATASETS[name]
     root = ""

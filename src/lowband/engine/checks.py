@@ -139,7 +139,7 @@ def _schema_default(key: str, section: str = "topology") -> Any:
 #: the [data] keys each partition reads (lowband.data.federation.build_federation)
 PARTITION_KEYS: dict[str, tuple[str, ...]] = {
     "iid": (), "dirichlet": ("alpha", "min_size"), "shards": ("classes_per_client",),
-    "ntk_fl": ("alpha", "samples_per_client"), "natural": (),
+    "ntk_fl": ("alpha", "samples_per_client"), "natural": (), "given": (),
 }
 
 

@@ -172,7 +172,8 @@ class RunLog:
                 f"run folder {d} already holds results; pass --resume to continue it, or set out_dir=... "
                 f"(or name=...) to start a new one"
             )
-        elif d.is_dir() and any(d.iterdir()) and not is_run_folder(d):
+        elif d.is_dir() and any(p.name != "data.npz" for p in d.iterdir()) and not is_run_folder(d):
+            # data.npz: the arrays a Python API run keeps beside its results (lowband.api.run)
             names = sorted(p.name for p in d.iterdir())
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             raise RunDirError(f"run folder {d} is not empty and holds no lowband run ({shown}); lowband writes "

@@ -39,7 +39,7 @@ from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, V
 from lowband.config import ConfigError, Experiment, hyperparams
 from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation, build_federation
-from lowband.data.sources import load_dataset
+from lowband.data.sources import Dataset, load_dataset
 from lowband.engine import checks
 from lowband.engine.evaluation import Evaluator
 from lowband.engine.executor import NodeEnv, ServerData, make_executor
@@ -73,10 +73,23 @@ PROTOCOL_METRICS = {"global": ("acc", "loss"), "personal": ("acc_weighted", "acc
 DEFAULT_TOPOLOGY = {"server": "star", "peer": "kregular", "oneshot": "contact_plan", "local": "star"}
 
 
+def load_data(exp: Experiment) -> Dataset:
+    """The experiment's dataset: a built-in or plugin one by name, or the user's npz
+    (``data.dataset = "npz"``, :mod:`lowband.data.userdata`)."""
+    d = exp.data
+    if d.dataset in ("npz", "csv"):
+        from lowband.data.userdata import check_model_input, load_user_dataset
+
+        ds = load_user_dataset(d.path, d.dataset, **d.options)
+        check_model_input(exp, ds)
+        return ds
+    return load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
+
+
 def make_federation(exp: Experiment) -> Federation:
     """Load the dataset and split it among the nodes as the config says."""
     d = exp.data
-    ds = load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
+    ds = load_data(exp)
     return build_federation(
         ds, num_clients=d.num_clients, partition=d.partition, alpha=d.alpha, min_size=d.min_size,
         classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
@@ -466,6 +479,7 @@ class Simulation:
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
                    "seed": exp.seed, "protocols": self.protocols, **self._ledger_summary(),
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
+                   **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
         )
         if self.timer is not None:  # simulated time to the main metric's target ([links] only)
