@@ -172,3 +172,30 @@ def test_reproduce_resumes_interrupted_and_restarts_uncheckpointed_runs(
     assert "  reuse" in out and "Compute: " in out and "in the 1 runs made of 1 configs" in out
     timing = RunLog.read_jsonl(tmp_path / "runs" / "toy" / "timing.jsonl")
     assert len(timing) == 3 and all(t["round_s"] > 0 for t in timing)
+
+
+def test_collect_keeps_measured_cells_whose_run_folder_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A cleaned runs/ must not blank a table: the value stays, marked as kept."""
+    import shutil
+
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
+                       if line.startswith("| t/acc |"))
+    first = row()
+    value = first.split("|")[5].strip()
+    assert value and "`runs/toy`" in first
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--collect"]) == 0
+    kept = row()
+    assert kept.split("|")[5].strip() == value and "kept from the previous table" in kept
+    assert main([*args, "--collect"]) == 0  # kept again, noted once
+    assert row() == kept
+    (tmp_path / "out" / "toy.md").unlink()
+    assert main([*args, "--collect"]) == 0  # nothing to keep: not run
+    assert "| not run |" in row()

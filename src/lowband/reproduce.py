@@ -333,7 +333,26 @@ def compute_line(runs: list[Optional[RunData]]) -> str:
             f"(timing.jsonl) times its `threads`{note}.")
 
 
-def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command: str) -> str:
+def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
+    """cell id -> (ours, rounds, run) of the rows of an earlier table at ``path`` that hold
+    a value (empty when there is none). Rows kept from an even earlier table keep their
+    note."""
+    out: dict[str, tuple[str, str, str]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) == 7 and cols[4] and cols[0] not in ("cell", "---"):
+            out[cols[0]] = (cols[4], cols[5], cols[6])
+    return out
+
+
+def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command: str,
+                   previous: Optional[dict[str, tuple[str, str, str]]] = None) -> str:
+    """The paper-vs-lowband table. A cell whose run folder is gone keeps its value from
+    ``previous`` (the table being replaced), marked as kept, instead of going blank: a
+    cleaned ``runs/`` must not erase results that were measured."""
+    previous = previous or {}
     cache: dict[str, Optional[RunData]] = {}
 
     def data(cfg: str) -> Optional[RunData]:
@@ -361,7 +380,11 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             ref = data(c.reference) if c.reference else None
             unit = c.paper_unit or ("%" if "acc" in c.metric else "")
             paper_s = "" if c.paper is None else f"{c.paper}{' ' + unit if unit and unit != 'rounds' else ''}"
-            if d is None:
+            if d is None and c.id in previous:
+                ours, rounds, where = previous[c.id]
+                if "kept from the previous table" not in where:
+                    where = f"{where} (kept from the previous table: run folder not found)"
+            elif d is None:
                 ours, rounds, where = "", "", "not run"
             else:
                 _, ours = value(c, d, ref)
@@ -405,8 +428,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             skipped += run_config(cfg, overrides) is None
     command = "lowband reproduce " + " ".join(a for a in sys.argv[2:]) if sys.argv[1:2] == ["reproduce"] \
         else f"lowband reproduce {args.paper}"
-    md = table_markdown(args.paper, cells, overrides, command)
     out = output_path(args.out, args.paper)
+    md = table_markdown(args.paper, cells, overrides, command, previous_cells(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md + "\n")
     print(md)
