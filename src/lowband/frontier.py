@@ -293,6 +293,7 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     done = [(fc, r) for fc, r in zip(cells, rows) if r["status"] == "ok" and fc.cell is not None]
     timed = any(r.get("sim_time_s") is not None for _, r in done)
@@ -303,13 +304,16 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
     metric = done[0][1]["metric"] if done else "main metric"
     for ax, (x_key, x_label, cost, mark) in zip(axes[0], panels):
         for fc, r in done:
-            xs, ys = _curve(fc.cell.run_dirs(), r["metric"], x_key)  # type: ignore[union-attr]
+            pts = [(x, y) for x, y in zip(*_curve(fc.cell.run_dirs(), r["metric"], x_key))  # type: ignore[union-attr]
+                   if x > 0]  # round 0 (nothing sent yet) has no place on a log axis
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
             if xs:
                 ax.plot(xs, ys, marker=".", lw=1, alpha=0.8, label=f"{fc.method} / {fc.codec}")
         front = sorted((r[cost], r["final"]) for _, r in done if r.get(mark))
         if front:
             ax.plot([p[0] for p in front], [p[1] for p in front], "k*--", ms=12, lw=1, label="Pareto front")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(x_label + ", log scale")
         ax.set_ylabel(str(metric))
         ax.grid(True, which="both", alpha=0.3)
