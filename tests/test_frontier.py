@@ -14,8 +14,10 @@ import tomli_w
 import torch
 
 from conftest import digits_config
+import lowband.batch
+from lowband.batch import BatchError, raw_config
 from lowband.cli import main
-from lowband.config import ConfigError
+from lowband.config import ConfigError, load_experiment
 from lowband.frontier import cell_raw, frontier_markdown, pareto_mask, parse_codecs, parse_methods, run_frontier
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -139,9 +141,8 @@ def test_frontier_runs_writes_files_resumes_and_skips(tmp_path: Path, capsys) ->
     summaries = sorted(out.rglob("summary.json"))
     assert len(summaries) == 2
     before = {p: p.stat().st_mtime_ns for p in summaries}
-    res = run_frontier(__import__("lowband.batch", fromlist=["raw_config"]).raw_config(
-        __import__("lowband.config", fromlist=["load_experiment"]).load_experiment(cfg, [])),
-        "fedavg,dpsgd", "fp32,ef(topk(0.1))", link="lte", out=out, workers=1, progress=False)
+    res = run_frontier(raw_config(load_experiment(cfg, [])), "fedavg,dpsgd", "fp32,ef(topk(0.1))", link="lte",
+                       out=out, workers=1, progress=False)
     assert res.ran == []  # nothing re-ran
     assert {p: p.stat().st_mtime_ns for p in summaries} == before
     assert [r["status"] for r in res.rows] == ["ok", "ok", "skipped", "skipped"]
@@ -167,6 +168,7 @@ def test_frontier_with_seeds(tmp_path: Path, capsys) -> None:
     (["--methods", "fedavg", "--codecs", "fp32", "--seeds", "x"], "--seeds"),
     (["--methods", "fedavg", "--codecs", "fp32", "--workers", "0"], "--workers"),
     (["--methods", "dpsgd", "--codecs", "fp32"], "every cell was skipped"),
+    (["--methods", "fedavg", "--codecs", "fp32", "--target", "2"], "eval.target"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys, args, needle) -> None:
     cfg = base_cfg(tmp_path)
@@ -176,3 +178,22 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys, args, needle
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lowband: error:") and needle in lines[0], err
     assert not out.exists()  # nothing written
+
+
+def test_a_failed_run_is_reported_and_the_others_tabulated(tmp_path: Path, monkeypatch) -> None:
+    real = lowband.batch.run_job
+
+    def flaky(job, progress=None):
+        if "qsgd" in job.label:
+            return {"index": job.index, "status": "failed", "error": "RuntimeError: boom", "run_dir": None,
+                    "seconds": 0.0}
+        return real(job, progress)
+
+    monkeypatch.setattr(lowband.batch, "run_job", flaky)
+    out = tmp_path / "front"
+    with pytest.raises(BatchError, match="boom"):
+        run_frontier(raw_config(load_experiment(base_cfg(tmp_path), [])), "fedavg", "fp32,qsgd(4)", out=out,
+                     workers=1, progress=False)
+    rows = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
+    assert [(r["codec"], r["status"]) for r in rows] == [("fp32", "ok"), ("qsgd(4)", "failed")]
+    assert rows[0]["pareto_bytes"] == "True" and rows[1]["pareto_bytes"] == "False"
