@@ -169,6 +169,7 @@ def test_frontier_with_seeds(tmp_path: Path, capsys) -> None:
     (["--methods", "fedavg", "--codecs", "fp32", "--workers", "0"], "--workers"),
     (["--methods", "dpsgd", "--codecs", "fp32"], "every cell was skipped"),
     (["--methods", "fedavg", "--codecs", "fp32", "--target", "2"], "eval.target"),
+    (["comm.by_kind.delta=fp16", "--methods", "fedavg", "--codecs", "fp32"], "comm.by_kind.delta"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys, args, needle) -> None:
     cfg = base_cfg(tmp_path)

@@ -369,6 +369,11 @@ def run_frontier(raw: dict[str, Any], methods: str | Sequence[tuple[str, dict[st
     if target is not None:
         base.setdefault("eval", {})["target"] = target
     exp = validate(base)  # a bad link, target or base config: one line, nothing written
+    if exp.comm.by_kind:  # by_kind wins over by_direction: it would silently replace the cells' codecs
+        kind = next(iter(exp.comm.by_kind))
+        raise ConfigError(f"comm.by_kind.{kind}: the frontier puts each codec on the uplink (comm.by_direction.up), "
+                          f"and a by_kind codec would override it for {kind!r} messages; remove comm.by_kind "
+                          f"from the base config")
     seed_list = parse_seeds(seeds) if seeds is not None and seeds != "" else None
     out_dir = Path(out) if out is not None else Path("runs") / f"{exp.name}-frontier"
     cells = frontier_cells(base, methods, codecs, out_dir, seed_list)
