@@ -198,3 +198,20 @@ def test_a_failed_run_is_reported_and_the_others_tabulated(tmp_path: Path, monke
     rows = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
     assert [(r["codec"], r["status"]) for r in rows] == [("fp32", "ok"), ("qsgd(4)", "failed")]
     assert rows[0]["pareto_bytes"] == "True" and rows[1]["pareto_bytes"] == "False"
+
+
+def test_the_shipped_fmnist_frontier_config_runs_every_cell(tmp_path: Path) -> None:
+    """experiments/frontier/fmnist.toml (validated only, not run): FMNIST Dir 0.3, 100
+    clients, and every cell of its documented grid can run (none skipped)."""
+    from lowband.frontier import frontier_cells
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "frontier" / "fmnist.toml"
+    text = path.read_text()
+    exp = load_experiment(path, [])
+    assert (exp.data.dataset, exp.data.num_clients, exp.data.alpha) == ("fashion_mnist", 100, 0.3)
+    methods, codecs = "fedavg,fedavg(server_opt=adam),fedcspack,kta", "fp32,ef(topk(0.01)),qsgd(4),powersgd(2)"
+    assert f'--methods "{methods}"' in text and f'--codecs "{codecs}"' in text
+    raw = raw_config(exp)
+    raw["links"] = {"preset": "lte"}
+    cells = frontier_cells(raw, parse_methods(methods), parse_codecs(codecs), tmp_path, None)
+    assert len(cells) == 16 and all(c.status == "ok" for c in cells), [c.reason for c in cells if c.reason]
