@@ -1,4 +1,4 @@
-"""``lowband frontier`` (lowband.frontier): the grid runs through the sweep runner and
+"""``lowband frontier`` (lowband.tradeoff): the grid runs through the sweep runner and
 writes frontier.csv/.md/.png; Pareto marking on a hand-made table; a second invocation
 redoes nothing; a cell its method cannot run is skipped with the reason; bad arguments
 exit 2 with one line."""
@@ -18,7 +18,7 @@ import lowband.batch
 from lowband.batch import BatchError, raw_config
 from lowband.cli import main
 from lowband.config import ConfigError, load_experiment
-from lowband.frontier import cell_raw, frontier_markdown, pareto_mask, parse_codecs, parse_methods, run_frontier
+from lowband.tradeoff import cell_raw, frontier_markdown, pareto_mask, parse_codecs, parse_methods, run_frontier
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -203,7 +203,7 @@ def test_a_failed_run_is_reported_and_the_others_tabulated(tmp_path: Path, monke
 def test_the_shipped_fmnist_frontier_config_runs_every_cell(tmp_path: Path) -> None:
     """experiments/frontier/fmnist.toml (validated only, not run): FMNIST Dir 0.3, 100
     clients, and every cell of its documented grid can run (none skipped)."""
-    from lowband.frontier import frontier_cells
+    from lowband.tradeoff import frontier_cells
 
     path = Path(__file__).resolve().parents[1] / "experiments" / "frontier" / "fmnist.toml"
     text = path.read_text()
@@ -215,3 +215,16 @@ def test_the_shipped_fmnist_frontier_config_runs_every_cell(tmp_path: Path) -> N
     raw["links"] = {"preset": "lte"}
     cells = frontier_cells(raw, parse_methods(methods), parse_codecs(codecs), tmp_path, None)
     assert len(cells) == 16 and all(c.status == "ok" for c in cells), [c.reason for c in cells if c.reason]
+
+
+def test_python_api_frontier(tmp_path: Path) -> None:
+    import lowband as lb
+
+    cfg = digits_config(tmp_path, "fedavg", rounds=2)
+    cfg.pop("out_dir")
+    res = lb.frontier(cfg, methods=["fedavg", "fedavg(server_opt=adam)"], codecs=["fp32"], out=tmp_path / "f",
+                      workers=1)
+    assert [r["method"] for r in res.rows] == ["fedavg", "fedavg(server_opt=adam)"]
+    assert all(r["status"] == "ok" for r in res.rows) and (res.out / "frontier.md").exists()
+    toml = (res.out / res.rows[1]["dir"] / "config.toml").read_text()
+    assert 'server_opt = "adam"' in toml

@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--force", action="store_true")
     dl.set_defaults(fn=cmd_download)
 
-    from lowband.frontier import add_parser as add_frontier  # lowband frontier CONFIG --methods --codecs
+    from lowband.tradeoff import add_parser as add_frontier  # lowband frontier CONFIG --methods --codecs
 
     add_frontier(sub)
     from lowband.reproduce import add_parser as add_reproduce  # lowband reproduce PAPER

@@ -23,6 +23,9 @@ second invocation redoes nothing), a process pool, one progress bar. Then, in th
 
 Pareto-optimal (:func:`pareto_mask`): no other cell reaches at least its accuracy with
 fewer bytes (or the same bytes and a higher accuracy).
+
+(The module is ``tradeoff``, not ``frontier``, so that ``lowband.frontier`` stays the Python
+API's function, :func:`lowband.api.frontier`.)
 """
 
 from __future__ import annotations
