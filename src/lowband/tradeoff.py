@@ -256,7 +256,8 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
     from lowband.report import fmt_bytes, fmt_mean_std
 
     timed = any(r.get("sim_time_s") is not None for r in rows)
-    head = ["method", "codec", "final (mean ± std)", "uplink", "total", "rounds to target", "bytes to target"]
+    metric = next((r["metric"] for r in rows if r.get("metric")), "main metric")
+    head = ["method", "codec", "final" + (" %" if "acc" in str(metric) else "") + " (mean ± std)", "uplink", "total", "rounds to target", "bytes to target"]
     if timed:
         head += ["sim time", "time to target"]
     head += ["Pareto (bytes)"] + (["Pareto (time)"] if timed else []) + ["n"]
@@ -281,7 +282,6 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
         cells += ["*" if r["pareto_bytes"] else ""] + (["*" if r["pareto_time"] else ""] if timed else [])
         cells.append(str(r["n"]))
         lines.append("| " + " | ".join(cells) + " |")
-    metric = next((r["metric"] for r in rows if r.get("metric")), "main metric")
     text = (f"Final {metric}; `*`: Pareto-optimal (no other cell reaches at least its {metric} with fewer "
             f"total bytes" + (" / less simulated time" if timed else "") + ").\n\n" + "\n".join(lines) + "\n")
     if skipped:
