@@ -17,7 +17,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("experiment", "run", "run_seeds", "sweep", "load_run", "load_plugin", "arrays", "from_torch", "Result",
+_API = ("experiment", "run", "run_seeds", "sweep", "frontier", "load_run", "load_plugin", "arrays", "from_torch", "Result",
         "SeedResults", "SweepResult")
 
 

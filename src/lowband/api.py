@@ -534,6 +534,27 @@ def sweep(exp: Any = None, /, grid: Optional[Mapping[str, Sequence[Any]]] = None
     return _load_sweep(out_dir)
 
 
+def frontier(exp: Any = None, /, methods: str | Sequence[str] = "fedavg", codecs: str | Sequence[str] = "fp32", *,
+             seeds: Optional[Sequence[int] | str] = None, link: Optional[str] = None, target: Optional[float] = None,
+             out: Optional[str | Path] = None, workers: Optional[int] = None, backend: str = "process",
+             progress: Optional[bool] = False, **options: Any) -> Any:
+    """``lowband frontier`` from Python: every (method, codec) cell on ``exp``'s federation
+    (lowband.tradeoff), resumable; writes frontier.csv/.md/.png into ``out`` (default
+    ``runs/<name>-frontier``) and returns a :class:`lowband.tradeoff.FrontierResult`
+    (``.rows``: one dict per cell, with the Pareto marks)."""
+    from lowband.batch import raw_config
+    from lowband.tradeoff import run_frontier
+
+    e = _as_experiment(exp, options)
+    e, data, target_path = _materialise(e, Path(out) if out is not None else Path("runs") / f"{e.name}-frontier")
+    if data is not None:  # the worker processes read the arrays from out/data.npz
+        _write_arrays(data, target_path)  # type: ignore[arg-type]
+    m = methods if isinstance(methods, str) else ",".join(methods)
+    c = codecs if isinstance(codecs, str) else ",".join(codecs)
+    return run_frontier(raw_config(e), m, c, seeds=seeds, link=link, target=target, out=out, workers=workers,
+                        backend=backend, progress=progress)
+
+
 # --------------------------------------------------------------------------- loading
 
 
@@ -599,5 +620,5 @@ def load_plugin(spec: str | Path) -> Any:
     return _load(spec)
 
 
-__all__ = ["Result", "SeedResults", "SweepResult", "arrays", "experiment", "from_torch", "load_plugin", "load_run",
-           "run", "run_seeds", "sweep"]
+__all__ = ["Result", "SeedResults", "SweepResult", "arrays", "experiment", "from_torch", "frontier", "load_plugin",
+           "load_run", "run", "run_seeds", "sweep"]

@@ -1,5 +1,5 @@
-"""The ``lowband`` command line: run (one seed or several), sweep, compare, export, list, demo,
-partition, download, reproduce. Global options (anywhere on the line): ``-v``, ``-q``,
+"""The ``lowband`` command line: run (one seed or several), sweep, frontier, compare, export, list,
+demo, partition, download, reproduce. Global options (anywhere on the line): ``-v``, ``-q``,
 ``--log-level``, ``--plugin MODULE_OR_FILE``; ``lowband --version``.
 
 Every user error (bad config, missing data file, occupied run folder) is printed as one
@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--force", action="store_true")
     dl.set_defaults(fn=cmd_download)
 
+    from lowband.tradeoff import add_parser as add_frontier  # lowband frontier CONFIG --methods --codecs
+
+    add_frontier(sub)
     from lowband.reproduce import add_parser as add_reproduce  # lowband reproduce PAPER
 
     add_reproduce(sub)

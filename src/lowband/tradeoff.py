@@ -1,0 +1,455 @@
+"""``lowband frontier``: methods x codecs (x seeds) on one federation, and the
+accuracy-vs-bytes trade-off (issue 17 part 4).
+
+Each cell is the base config with ``algorithm.name = <method>`` (plus the method's own
+options, ``fedavg(server_opt=adam)``) and the codec on the uplink
+(``comm.by_direction.up``). Where the codec is lossy (anything but ``fp32``) and the method
+has an ``upload`` knob, the cell sends deltas (``algorithm.upload = "delta"``): sparsifying
+whole weights zeroes most of them (lowband.engine.checks). The base config's algorithm
+options go to every method that has them (``lr``, ``batch_size``...) and are dropped for the
+others. A cell that does not validate (an option its method lacks, a protocol it cannot
+serve, a public set it needs) is *skipped* with the one-line reason; the others run.
+
+The runs go through the sweep/seeds runner (:mod:`lowband.batch`): resumable cells (a
+second invocation redoes nothing), a process pool, one progress bar. Then, in the out folder:
+
+- ``frontier.csv``: one row per cell: method, codec, status (``ok`` / ``skipped`` /
+  ``failed``) and reason, seeds, the final main metric (mean, std), cumulative uplink and
+  total bytes, rounds- and bytes-to-target, simulated time and time-to-target (with a
+  link), and whether the cell is Pareto-optimal by bytes and by time;
+- ``frontier.md``: the same as a Markdown table, Pareto-optimal cells marked ``*``;
+- ``frontier.png``: the main metric against cumulative bytes per cell (log x), the Pareto
+  front marked; a second panel against simulated time when a link is given.
+
+Pareto-optimal (:func:`pareto_mask`): no other cell reaches at least its accuracy with
+fewer bytes (or the same bytes and a higher accuracy).
+
+(The module is ``tradeoff``, not ``frontier``, so that ``lowband.frontier`` stays the Python
+API's function, :func:`lowband.api.frontier`.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from lowband.batch import (BatchError, Cell, Job, cell_dirname, parse_seeds, raw_config, run_jobs, seed_jobs,
+                           split_values, stats, write_aggregate)
+from lowband.config import ConfigError, parse_override, validate
+
+FILES = ("frontier.csv", "frontier.md", "frontier.png")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_methods(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``"fedavg,fedavg(server_opt=adam),kta"`` -> ``[(label, algorithm options), ...]``.
+    Unknown method names are an error; an option a method lacks makes its cells skipped."""
+    from lowband.algorithms import ALGORITHMS
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    for item in split_values(text or ""):
+        name, paren, rest = item.partition("(")
+        name = name.strip()
+        if not name:
+            raise ConfigError(f"--methods {text!r}: an empty method; write e.g. fedavg,fedcspack")
+        if name not in ALGORITHMS:
+            raise ConfigError(f"--methods: unknown method {name!r}; available: {', '.join(sorted(ALGORITHMS))}")
+        opts: dict[str, Any] = {}
+        if paren:
+            if not rest.endswith(")"):
+                raise ConfigError(f"--methods: {item!r} lacks its closing ')'; write e.g. fedavg(server_opt=adam)")
+            for kv in split_values(rest[:-1]):
+                if "=" not in kv:
+                    raise ConfigError(f"--methods: {item!r}: options are key=value, e.g. fedavg(server_opt=adam)")
+                key, val = kv.split("=", 1)
+                opts[key.strip()] = parse_override(f"algorithm.{key.strip()}={val.strip()}")[1]
+        label = name + (f"({','.join(f'{k}={v}' for k, v in opts.items())})" if opts else "")
+        if label in (m for m, _ in out):
+            raise ConfigError(f"--methods: {label!r} is given twice")
+        out.append((label, {"name": name, **opts}))
+    return out
+
+
+def parse_codecs(text: str) -> list[str]:
+    """``'fp32,ef(topk(0.01)),qsgd(4)'`` -> the codec specs (each parsed once, so a bad one
+    is a one-line error before anything runs)."""
+    from lowband.comm.codecs import parse_codec
+
+    codecs = split_values(text or "")
+    for c in codecs:
+        try:
+            parse_codec(c)
+        except ValueError as exc:
+            raise ConfigError(f"--codecs {c!r}: {str(exc).splitlines()[0]}") from None
+    if len(set(codecs)) != len(codecs):
+        raise ConfigError(f"--codecs {text!r}: a codec is repeated")
+    return codecs
+
+
+def is_lossy(spec: str) -> bool:
+    """Whether a codec spec changes what it carries (anything but fp32)."""
+    from lowband.engine.checks import codec_terms
+
+    return any(t != "fp32" for t in codec_terms(spec))
+
+
+# --------------------------------------------------------------------------- Pareto
+
+
+def pareto_mask(points: Sequence[tuple[Optional[float], Optional[float]]]) -> list[bool]:
+    """``points``: (accuracy, cost) per cell (None: not measured). A cell is Pareto-optimal
+    when no other cell has accuracy >= its accuracy and cost <= its cost with one of the two
+    strictly better. Cells with a missing value are never optimal."""
+    ok = [a is not None and c is not None and not (math.isnan(a) or math.isnan(c)) for a, c in points]
+    out = []
+    for i, (a, c) in enumerate(points):
+        if not ok[i]:
+            out.append(False)
+            continue
+        dominated = any(ok[j] and j != i and b >= a and d <= c and (b > a or d < c)  # type: ignore[operator]
+                        for j, (b, d) in enumerate(points))
+        out.append(not dominated)
+    return out
+
+
+# --------------------------------------------------------------------------- cells
+
+
+@dataclass
+class FrontierCell:
+    """One (method, codec) cell: its sweep cell when it runs, or why it was skipped."""
+
+    method: str
+    codec: str
+    cell: Optional[Cell] = None
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    status: str = "ok"  # ok | skipped | failed
+
+
+def cell_raw(base: dict[str, Any], method: dict[str, Any], codec: str) -> tuple[dict[str, Any], list[str]]:
+    """The base config with the method and the uplink codec (see the module docstring)."""
+    from lowband.algorithms import ALGORITHMS
+
+    r = copy.deepcopy(base)
+    fields = ALGORITHMS[method["name"]].Hyperparams.model_fields
+    alg = {k: v for k, v in (r.get("algorithm") or {}).items() if k != "name" and k in fields}
+    alg.update({k: v for k, v in method.items() if k != "name"})
+    notes = []
+    if is_lossy(codec) and "upload" in fields and "upload" not in method:
+        alg["upload"] = "delta"
+        notes.append("upload=delta")
+    r["algorithm"] = {"name": method["name"], **alg}
+    comm = r.setdefault("comm", {})
+    comm["by_direction"] = {**(comm.get("by_direction") or {}), "up": codec}
+    return r, notes
+
+
+def frontier_cells(base: dict[str, Any], methods: Sequence[tuple[str, dict[str, Any]]], codecs: Sequence[str],
+                   out: Path, seeds: Optional[Sequence[int]]) -> list[FrontierCell]:
+    """Every (method, codec) cell, validated: runnable ones carry their jobs."""
+    from lowband import plugins
+
+    cells: list[FrontierCell] = []
+    index = 0
+    base_name = base.get("name", "experiment")
+    for label, method in methods:
+        for codec in codecs:
+            fc = FrontierCell(label, codec)
+            raw, fc.notes = cell_raw(base, method, codec)
+            params = {"method": label, "codec": codec}
+            raw["name"] = f"{base_name}[{label}, {codec}]"
+            try:
+                validate(raw)
+            except ConfigError as exc:
+                fc.status, fc.reason = "skipped", str(exc).splitlines()[0]
+                cells.append(fc)
+                continue
+            d = out / cell_dirname(params)
+            c = Cell(params, d, raw, list(seeds) if seeds else None)
+            if seeds:
+                c.jobs = seed_jobs(raw, seeds, d, f"{label} x {codec}", start=index)
+            else:
+                r = copy.deepcopy(raw)
+                r["out_dir"] = str(d)
+                c.jobs = [Job(index, r, f"{label} x {codec}", tuple(plugins.LOADED))]
+            index += len(c.jobs)
+            fc.cell = c
+            cells.append(fc)
+    return cells
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _curve(run_dirs: Sequence[Path], main: str, x_key: str) -> tuple[list[float], list[float]]:
+    """Mean over seeds of (x, main metric) per evaluated round that every seed has."""
+    from lowband.engine.runlog import RunLog
+
+    per = []
+    for d in run_dirs:
+        per.append({int(r["round"]): r for r in RunLog.read_jsonl(Path(d) / "metrics.jsonl")
+                    if r.get(main) is not None and r.get(x_key) is not None})
+    rounds = sorted(set.intersection(*(set(p) for p in per))) if per else []
+    xs = [math.fsum(float(p[r][x_key]) for p in per) / len(per) for r in rounds]
+    ys = [math.fsum(float(p[r][main]) for p in per) / len(per) for r in rounds]
+    return xs, ys
+
+
+def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]]) -> list[dict[str, Any]]:
+    """One row per cell (skipped and failed ones too), with the Pareto marks."""
+    from lowband.batch import flat_summary
+
+    rows = []
+    for fc in cells:
+        row: dict[str, Any] = {"method": fc.method, "codec": fc.codec, "status": fc.status,
+                               "reason": fc.reason, "notes": ";".join(fc.notes),
+                               "seeds": ";".join(str(s) for s in seeds) if seeds else ""}
+        if fc.status == "ok" and fc.cell is not None:
+            sums = [json.loads((d / "summary.json").read_text()) for d in fc.cell.run_dirs()]
+            flat = [flat_summary(s) for s in sums]
+            main = sums[0].get("main_metric")
+            fin = stats(f.get(f"final/{main}") for f in flat)
+            rtt = stats(f.get("rounds_to_target") for f in flat)
+            ttt = stats(f.get("time_to_target_s") for f in flat)
+            row.update({
+                "metric": main, "n": len(sums), "final": fin["mean"], "final_std": fin["std"],
+                "bytes_up": stats(f.get("bytes_up") for f in flat)["mean"],
+                "bytes_total": stats(sum(f.get(f"bytes_{d}") or 0 for d in ("up", "down", "peer"))
+                                     for f in flat)["mean"],
+                "target": sums[0].get("target"), "rounds_to_target": rtt["mean"], "reached": rtt["n"],
+                "bytes_to_target": stats(f.get("bytes_to_target") for f in flat)["mean"],
+                "sim_time_s": stats(f.get("sim_time_s") for f in flat)["mean"],
+                "time_to_target_s": ttt["mean"], "dir": fc.cell.dir.name})
+        rows.append(row)
+    by_bytes = pareto_mask([(r.get("final"), r.get("bytes_total")) for r in rows])
+    by_time = pareto_mask([(r.get("final"), r.get("sim_time_s")) for r in rows])
+    for r, b, t in zip(rows, by_bytes, by_time):
+        r["pareto_bytes"] = b
+        r["pareto_time"] = t if r.get("sim_time_s") is not None else None
+    return rows
+
+
+CSV_COLUMNS = ["method", "codec", "status", "reason", "notes", "seeds", "n", "metric", "final", "final_std",
+               "bytes_up", "bytes_total", "target", "rounds_to_target", "reached", "bytes_to_target",
+               "sim_time_s", "time_to_target_s", "pareto_bytes", "pareto_time", "dir"]
+
+
+def _fmt_s(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if v >= 3600:
+        return f"{v / 3600:.2f} h"
+    return f"{v:.1f} s" if v >= 1 else f"{v * 1000:.1f} ms"
+
+
+def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a Markdown table; ``*`` marks the Pareto-optimal cells (by total bytes,
+    and by simulated time when a link was given), skipped cells say why below."""
+    from lowband.report import fmt_bytes, fmt_mean_std
+
+    timed = any(r.get("sim_time_s") is not None for r in rows)
+    metric = next((r["metric"] for r in rows if r.get("metric")), "main metric")
+    head = ["method", "codec", "final" + (" %" if "acc" in str(metric) else "") + " (mean ± std)", "uplink", "total", "rounds to target", "bytes to target"]
+    if timed:
+        head += ["sim time", "time to target"]
+    head += ["Pareto (bytes)"] + (["Pareto (time)"] if timed else []) + ["n"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    skipped = []
+    for r in rows:
+        if r["status"] != "ok":
+            skipped.append(f"- {r['method']} x {r['codec']}: {r['status']}: {r['reason']}")
+            continue
+        pct = "acc" in str(r["metric"])
+        if r["target"] is None:
+            rtt = "-"
+        elif r["reached"]:
+            rtt = f"{r['rounds_to_target']:.1f}" + (f" ({r['reached']}/{r['n']})" if r["n"] > 1 else "")
+        else:
+            rtt = "not reached"
+        codec = r["codec"] + (f" ({r['notes']})" if r["notes"] else "")
+        cells = [r["method"], f"`{codec}`", fmt_mean_std(r["final"], r["final_std"], pct=pct),
+                 fmt_bytes(r["bytes_up"]), fmt_bytes(r["bytes_total"]), rtt, fmt_bytes(r["bytes_to_target"])]
+        if timed:
+            cells += [_fmt_s(r["sim_time_s"]), _fmt_s(r["time_to_target_s"])]
+        cells += ["*" if r["pareto_bytes"] else ""] + (["*" if r["pareto_time"] else ""] if timed else [])
+        cells.append(str(r["n"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    text = (f"Final {metric}; `*`: Pareto-optimal (no other cell reaches at least its {metric} with fewer "
+            f"total bytes" + (" / less simulated time" if timed else "") + ").\n\n" + "\n".join(lines) + "\n")
+    if skipped:
+        text += "\nNot run:\n\n" + "\n".join(skipped) + "\n"
+    return text
+
+
+def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict[str, Any]]) -> None:
+    """Main metric vs cumulative bytes (log x) per cell, Pareto cells starred and joined; a
+    second panel vs simulated time when the runs have it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    done = [(fc, r) for fc, r in zip(cells, rows) if r["status"] == "ok" and fc.cell is not None]
+    timed = any(r.get("sim_time_s") is not None for _, r in done)
+    panels = [("bytes/total", "cumulative bytes (all directions)", "bytes_total", "pareto_bytes")]
+    if timed:
+        panels.append(("time/sim_s", "simulated time (s)", "sim_time_s", "pareto_time"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    metric = done[0][1]["metric"] if done else "main metric"
+    for ax, (x_key, x_label, cost, mark) in zip(axes[0], panels):
+        for fc, r in done:
+            pts = [(x, y) for x, y in zip(*_curve(fc.cell.run_dirs(), r["metric"], x_key))  # type: ignore[union-attr]
+                   if x > 0]  # round 0 (nothing sent yet) has no place on a log axis
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            if xs:
+                ax.plot(xs, ys, marker=".", lw=1, alpha=0.8, label=f"{fc.method} / {fc.codec}")
+        front = sorted((r[cost], r["final"]) for _, r in done if r.get(mark))
+        if front:
+            ax.plot([p[0] for p in front], [p[1] for p in front], "k*--", ms=12, lw=1, label="Pareto front")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(x_label + ", log scale")
+        ax.set_ylabel(str(metric))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_frontier(out: Path, cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]]) -> list[dict[str, Any]]:
+    """``frontier.csv``, ``frontier.md``, ``frontier.png`` in ``out``; returns the rows."""
+    from lowband.engine.runlog import atomic_write_text
+    from lowband.export import records_csv_text
+
+    rows = frontier_rows(cells, seeds)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "frontier.csv", records_csv_text(rows, CSV_COLUMNS))
+    atomic_write_text(out / "frontier.md", frontier_markdown(rows))
+    plot_frontier(out / "frontier.png", cells, rows)
+    return rows
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class FrontierResult:
+    out: Path
+    cells: list[FrontierCell]
+    rows: list[dict[str, Any]]
+    ran: list[dict[str, Any]]  # what the runner did (empty when every cell was finished)
+
+
+def run_frontier(raw: dict[str, Any], methods: str | Sequence[tuple[str, dict[str, Any]]],
+                 codecs: str | Sequence[str], *, seeds: Optional[str | Sequence[int]] = None,
+                 link: Optional[str] = None, target: Optional[float] = None, out: Optional[str | Path] = None,
+                 workers: Optional[int] = None, backend: str = "process",
+                 progress: Optional[bool] = None) -> FrontierResult:
+    """Run every runnable (method, codec) cell (resumable), then write the three files.
+    Raises ConfigError on bad input before anything is written, BatchError (after writing
+    the files for the cells that finished) when runs failed."""
+    if isinstance(methods, str):
+        methods = parse_methods(methods)
+    if isinstance(codecs, str):
+        codecs = parse_codecs(codecs)
+    if not methods or not codecs:
+        raise ConfigError("frontier: give at least one method (--methods) and one codec (--codecs)")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+    base = copy.deepcopy(raw)
+    if link is not None:
+        base["links"] = {**(base.get("links") or {}), "preset": link}
+    if target is not None:
+        base.setdefault("eval", {})["target"] = target
+    exp = validate(base)  # a bad link, target or base config: one line, nothing written
+    if exp.comm.by_kind:  # by_kind wins over by_direction: it would silently replace the cells' codecs
+        kind = next(iter(exp.comm.by_kind))
+        raise ConfigError(f"comm.by_kind.{kind}: the frontier puts each codec on the uplink (comm.by_direction.up), "
+                          f"and a by_kind codec would override it for {kind!r} messages; remove comm.by_kind "
+                          f"from the base config")
+    seed_list = parse_seeds(seeds) if seeds is not None and seeds != "" else None
+    out_dir = Path(out) if out is not None else Path("runs") / f"{exp.name}-frontier"
+    cells = frontier_cells(base, methods, codecs, out_dir, seed_list)
+    runnable = [fc for fc in cells if fc.cell is not None]
+    if not runnable:
+        first = cells[0]
+        raise ConfigError(f"frontier: every cell was skipped ({first.method} x {first.codec}: {first.reason})")
+    jobs = [j for fc in runnable for j in fc.cell.jobs]  # type: ignore[union-attr]
+    failure: Optional[BatchError] = None
+    ran: list[dict[str, Any]] = []
+    try:
+        ran = run_jobs(jobs, workers=workers, backend=backend, progress=progress,
+                       title=f"frontier {exp.name}: {len(runnable)} cells" + (
+                           f" x {len(seed_list)} seeds" if seed_list else ""))
+    except BatchError as exc:
+        failure = exc
+    for fc in runnable:
+        dirs = fc.cell.run_dirs()  # type: ignore[union-attr]
+        if not all((d / "summary.json").exists() for d in dirs):
+            fc.status, fc.reason = "failed", "a run did not finish (see the error above; run again to retry)"
+        elif seed_list:
+            write_aggregate(fc.cell.dir, dirs)  # type: ignore[union-attr]
+    rows = write_frontier(out_dir, cells, seed_list)
+    if failure is not None:
+        raise failure
+    return FrontierResult(out_dir, cells, rows, ran)
+
+
+def cmd_frontier(args: Any) -> int:
+    """``lowband frontier CONFIG --methods ... --codecs ... [--seeds] [--link] [--target] [--out] [--workers]``."""
+    from lowband.config import load_experiment
+
+    fixed = list(args.overrides or [])
+    if args.data_dir:
+        fixed.append('data.data_dir="' + str(args.data_dir).replace("\\", "\\\\").replace('"', '\\"') + '"')
+    methods = parse_methods(args.methods)
+    codecs = parse_codecs(args.codecs)
+    exp = load_experiment(args.config, fixed)
+    try:
+        res = run_frontier(raw_config(exp), methods, codecs, seeds=args.seeds, link=args.link, target=args.target,
+                           out=args.out, workers=args.workers, backend=args.backend,
+                           progress=False if args.quiet else None)
+    except BatchError as exc:
+        print(f"lowband: error: {exc}", file=sys.stderr)
+        return 1
+    for fc in res.cells:
+        if fc.status == "skipped":
+            print(f"lowband: skipped {fc.method} x {fc.codec}: {fc.reason}", file=sys.stderr)
+    print((res.out / "frontier.md").read_text())
+    print("wrote " + ", ".join(str(res.out / f) for f in FILES))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``lowband frontier`` on the CLI's subparsers."""
+    p = sub.add_parser("frontier", help="methods x codecs (x seeds) on one federation: accuracy vs bytes (and "
+                                         "simulated time), Pareto-optimal cells marked; resumable")
+    p.add_argument("config", help="path of the experiment's .toml file (the federation and base settings)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the base config")
+    p.add_argument("--methods", required=True,
+                   help="comma-separated algorithms, with options in parentheses: fedavg,fedavg(server_opt=adam),kta")
+    p.add_argument("--codecs", required=True, help="comma-separated uplink codecs: fp32,ef(topk(0.01)),qsgd(4)")
+    p.add_argument("--seeds", help="run every cell once per seed (e.g. 0,1,2); the table shows mean ± std")
+    p.add_argument("--link", help="a link preset (lowband list links): adds simulated time and time-to-target")
+    p.add_argument("--target", type=float, help="target of the main metric for rounds/bytes/time-to-target")
+    p.add_argument("--out", help="frontier folder (default runs/<name>-frontier)")
+    p.add_argument("--workers", type=int, help="worker processes (default: min(cores, runs))")
+    p.add_argument("--backend", choices=["process", "ray", "serial"], default="process",
+                   help="where the runs go (default process pool)")
+    p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_frontier)
+
+
+__all__ = ["FrontierCell", "FrontierResult", "add_parser", "cmd_frontier", "frontier_markdown", "frontier_rows",
+           "is_lossy", "pareto_mask", "parse_codecs", "parse_methods", "run_frontier"]

@@ -1,0 +1,230 @@
+"""``lowband frontier`` (lowband.tradeoff): the grid runs through the sweep runner and
+writes frontier.csv/.md/.png; Pareto marking on a hand-made table; a second invocation
+redoes nothing; a cell its method cannot run is skipped with the reason; bad arguments
+exit 2 with one line."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+import tomli_w
+import torch
+
+from conftest import digits_config
+import lowband.batch
+from lowband.batch import BatchError, raw_config
+from lowband.cli import main
+from lowband.config import ConfigError, load_experiment
+from lowband.tradeoff import cell_raw, frontier_markdown, pareto_mask, parse_codecs, parse_methods, run_frontier
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def base_cfg(tmp_path: Path) -> Path:
+    cfg = digits_config(tmp_path, "fedavg", rounds=2)
+    cfg.pop("out_dir")
+    cfg["eval"] = {"protocols": ["global"], "target": 0.2}
+    path = tmp_path / "base.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    return path
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_pareto_mask_on_a_hand_made_table() -> None:
+    #            acc    bytes
+    points = [(0.80, 100.0),  # A: optimal (cheapest)
+              (0.85, 300.0),  # B: optimal (more acc, more bytes)
+              (0.84, 400.0),  # C: dominated by B (less acc, more bytes)
+              (0.90, 1000.0),  # D: optimal (best acc)
+              (0.80, 150.0),  # E: dominated by A (same acc, more bytes)
+              (0.70, 100.0),  # F: dominated by A (same bytes, less acc)
+              (None, 10.0),  # G: not measured: never optimal
+              (0.85, 300.0)]  # H: a tie with B: both optimal
+    assert pareto_mask(points) == [True, True, False, True, False, False, False, True]
+    assert pareto_mask([]) == []
+
+
+def test_parse_methods_codecs_and_cell_config() -> None:
+    assert parse_methods("fedavg,fedavg(server_opt=adam,server_lr=0.01),kta") == [
+        ("fedavg", {"name": "fedavg"}),
+        ("fedavg(server_opt=adam,server_lr=0.01)", {"name": "fedavg", "server_opt": "adam", "server_lr": 0.01}),
+        ("kta", {"name": "kta"})]
+    assert parse_codecs("fp32,ef(topk(0.01)),qsgd(4)") == ["fp32", "ef(topk(0.01))", "qsgd(4)"]
+    for bad in ("nosuch", "fedavg,fedavg", "fedavg(server_opt=adam"):
+        with pytest.raises(ConfigError, match="--methods"):
+            parse_methods(bad)
+    for bad in ("fp32,fp32", "topk(", "zzz"):
+        with pytest.raises(ConfigError, match="--codecs"):
+            parse_codecs(bad)
+    base = {"algorithm": {"name": "fedavg", "lr": 0.05, "local_epochs": 1}, "comm": {"codec": "fp32"}}
+    raw, notes = cell_raw(base, {"name": "fedavg"}, "ef(topk(0.01))")
+    assert raw["algorithm"]["upload"] == "delta" and notes == ["upload=delta"]
+    assert raw["comm"]["by_direction"] == {"up": "ef(topk(0.01))"}
+    raw, notes = cell_raw(base, {"name": "fedavg"}, "fp32")
+    assert "upload" not in raw["algorithm"] and notes == []
+    raw, _ = cell_raw(base, {"name": "dpsgd"}, "qsgd(4)")  # no upload knob, no local_epochs
+    assert "upload" not in raw["algorithm"] and "local_epochs" not in raw["algorithm"]
+
+
+def test_markdown_marks_pareto_and_lists_skipped() -> None:
+    row = {"status": "ok", "reason": "", "notes": "", "metric": "global/acc", "target": None, "reached": 0,
+           "n": 1, "final_std": None, "bytes_up": 1.0, "bytes_to_target": None, "rounds_to_target": None,
+           "sim_time_s": None, "time_to_target_s": None, "pareto_time": None}
+    rows = [{**row, "method": "fedavg", "codec": "fp32", "final": 0.9, "bytes_total": 1e6, "pareto_bytes": True},
+            {**row, "method": "fedavg", "codec": "fp16", "final": 0.8, "bytes_total": 2e6, "pareto_bytes": False},
+            {"method": "kta", "codec": "fp32", "status": "skipped", "reason": "needs a public set"}]
+    md = frontier_markdown(rows)
+    lines = [ln for ln in md.splitlines() if ln.startswith("| fedavg")]
+    assert lines[0].rstrip(" |").endswith("| * | 1") and lines[1].endswith("|  | 1 |")
+    assert "- kta x fp32: skipped: needs a public set" in md
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_frontier_runs_writes_files_resumes_and_skips(tmp_path: Path, capsys) -> None:
+    cfg = base_cfg(tmp_path)
+    out = tmp_path / "front"
+    # dpsgd on a star cannot run: its cells are skipped with the validator's reason
+    rc, stdout, err = cli(capsys, "frontier", cfg, "--methods", "fedavg,dpsgd", "--codecs", "fp32,ef(topk(0.1))",
+                          "--link", "lte", "--out", out, "--workers", "1", "--quiet")
+    assert rc == 0, err
+    for f in ("frontier.csv", "frontier.md", "frontier.png"):
+        assert (out / f).exists(), f
+    assert (out / "frontier.png").read_bytes()[:8] == PNG_MAGIC
+    rows = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
+    assert [(r["method"], r["codec"], r["status"]) for r in rows] == [
+        ("fedavg", "fp32", "ok"), ("fedavg", "ef(topk(0.1))", "ok"),
+        ("dpsgd", "fp32", "skipped"), ("dpsgd", "ef(topk(0.1))", "skipped")]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert all(r["reason"] and "\n" not in r["reason"] for r in skipped)
+    assert f"skipped dpsgd x fp32: {skipped[0]['reason']}" in err
+    ok = {r["codec"]: r for r in rows if r["status"] == "ok"}
+    # the codec really went on the uplink (delta upload): top-k 10% sends far fewer bytes up
+    assert float(ok["ef(topk(0.1))"]["bytes_up"]) < 0.5 * float(ok["fp32"]["bytes_up"])
+    assert ok["ef(topk(0.1))"]["notes"] == "upload=delta"
+    assert float(ok["fp32"]["sim_time_s"]) > 0  # --link gives simulated time
+    assert 0 < float(ok["fp32"]["final"]) <= 1
+    # Pareto by bytes: the cheaper cell is optimal; the fp32 one only if it is more accurate
+    acc = {c: float(r["final"]) for c, r in ok.items()}
+    assert ok["ef(topk(0.1))"]["pareto_bytes"] == "True"
+    assert ok["fp32"]["pareto_bytes"] == str(acc["fp32"] > acc["ef(topk(0.1))"])
+    md = (out / "frontier.md").read_text()
+    assert "Pareto (time)" in md and "Not run:" in md and "dpsgd x fp32: skipped" in md
+    # the cell configs carry the method and the uplink codec
+    cell_toml = (out / ok["ef(topk(0.1))"]["dir"] / "config.toml").read_text()
+    assert 'up = "ef(topk(0.1))"' in cell_toml and 'upload = "delta"' in cell_toml
+
+    summaries = sorted(out.rglob("summary.json"))
+    assert len(summaries) == 2
+    before = {p: p.stat().st_mtime_ns for p in summaries}
+    res = run_frontier(raw_config(load_experiment(cfg, [])), "fedavg,dpsgd", "fp32,ef(topk(0.1))", link="lte",
+                       out=out, workers=1, progress=False)
+    assert res.ran == []  # nothing re-ran
+    assert {p: p.stat().st_mtime_ns for p in summaries} == before
+    assert [r["status"] for r in res.rows] == ["ok", "ok", "skipped", "skipped"]
+
+
+def test_frontier_with_seeds(tmp_path: Path, capsys) -> None:
+    cfg = base_cfg(tmp_path)
+    out = tmp_path / "front"
+    rc, _, err = cli(capsys, "frontier", cfg, "rounds=2", "--methods", "fedavg", "--codecs", "fp32,qsgd(4)",
+                     "--seeds", "0,1", "--out", out, "--workers", "1", "--quiet")
+    assert rc == 0, err
+    rows = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
+    assert [r["n"] for r in rows] == ["2", "2"] and rows[0]["seeds"] == "0;1"
+    assert all(r["final_std"] != "" for r in rows)
+    assert all((out / r["dir"] / "aggregate.json").exists() for r in rows)
+    assert "sim time" not in (out / "frontier.md").read_text()  # no link: no time columns
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--methods", "nosuch", "--codecs", "fp32"], "unknown method"),
+    (["--methods", "fedavg", "--codecs", "zzz(1)"], "--codecs"),
+    (["--methods", "fedavg", "--codecs", "fp32", "--link", "carrier-pigeon"], "link preset"),
+    (["--methods", "fedavg", "--codecs", "fp32", "--seeds", "x"], "--seeds"),
+    (["--methods", "fedavg", "--codecs", "fp32", "--workers", "0"], "--workers"),
+    (["--methods", "dpsgd", "--codecs", "fp32"], "every cell was skipped"),
+    (["--methods", "fedavg", "--codecs", "fp32", "--target", "2"], "eval.target"),
+    (["comm.by_kind.delta=fp16", "--methods", "fedavg", "--codecs", "fp32"], "comm.by_kind.delta"),
+])
+def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys, args, needle) -> None:
+    cfg = base_cfg(tmp_path)
+    out = tmp_path / "front"
+    rc, _, err = cli(capsys, "frontier", cfg, *args, "--out", out, "--quiet")
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lowband: error:") and needle in lines[0], err
+    assert not out.exists()  # nothing written
+
+
+def test_a_failed_run_is_reported_and_the_others_tabulated(tmp_path: Path, monkeypatch) -> None:
+    real = lowband.batch.run_job
+
+    def flaky(job, progress=None):
+        if "qsgd" in job.label:
+            return {"index": job.index, "status": "failed", "error": "RuntimeError: boom", "run_dir": None,
+                    "seconds": 0.0}
+        return real(job, progress)
+
+    monkeypatch.setattr(lowband.batch, "run_job", flaky)
+    out = tmp_path / "front"
+    with pytest.raises(BatchError, match="boom"):
+        run_frontier(raw_config(load_experiment(base_cfg(tmp_path), [])), "fedavg", "fp32,qsgd(4)", out=out,
+                     workers=1, progress=False)
+    rows = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
+    assert [(r["codec"], r["status"]) for r in rows] == [("fp32", "ok"), ("qsgd(4)", "failed")]
+    assert rows[0]["pareto_bytes"] == "True" and rows[1]["pareto_bytes"] == "False"
+
+
+def test_the_shipped_fmnist_frontier_config_runs_every_cell(tmp_path: Path) -> None:
+    """experiments/frontier/fmnist.toml (validated only, not run): FMNIST Dir 0.3, 100
+    clients, and every cell of its documented grid can run (none skipped)."""
+    from lowband.tradeoff import frontier_cells
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "frontier" / "fmnist.toml"
+    text = path.read_text()
+    exp = load_experiment(path, [])
+    assert (exp.data.dataset, exp.data.num_clients, exp.data.alpha) == ("fashion_mnist", 100, 0.3)
+    methods, codecs = "fedavg,fedavg(server_opt=adam),fedcspack,kta", "fp32,ef(topk(0.01)),qsgd(4),powersgd(2)"
+    assert f'--methods "{methods}"' in text and f'--codecs "{codecs}"' in text
+    raw = raw_config(exp)
+    raw["links"] = {"preset": "lte"}
+    cells = frontier_cells(raw, parse_methods(methods), parse_codecs(codecs), tmp_path, None)
+    assert len(cells) == 16 and all(c.status == "ok" for c in cells), [c.reason for c in cells if c.reason]
+
+
+def test_python_api_frontier(tmp_path: Path) -> None:
+    import lowband as lb
+
+    cfg = digits_config(tmp_path, "fedavg", rounds=2)
+    cfg.pop("out_dir")
+    res = lb.frontier(cfg, methods=["fedavg", "fedavg(server_opt=adam)"], codecs=["fp32"], out=tmp_path / "f",
+                      workers=1)
+    assert [r["method"] for r in res.rows] == ["fedavg", "fedavg(server_opt=adam)"]
+    assert all(r["status"] == "ok" for r in res.rows) and (res.out / "frontier.md").exists()
+    toml = (res.out / res.rows[1]["dir"] / "config.toml").read_text()
+    assert 'server_opt = "adam"' in toml
