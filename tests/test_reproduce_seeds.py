@@ -119,7 +119,7 @@ def test_batch_seeds_layout_is_read_and_extended(tmp_path: Path, monkeypatch: py
                                                  capsys: pytest.CaptureFixture) -> None:
     """Folders made by ``lowband run CONFIG --seeds 0,1`` (every seed in seed-<s>/)."""
     from lowband.cli import main
-    from lowband.report import load_run, markdown_table
+    from lowband.report import load_run
 
     papers = _paper(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -226,3 +226,42 @@ def test_shipped_headline_cells_ask_for_three_seeds() -> None:
         assert len(heads) >= 2, paper
         assert all(c.seeds == [0, 1, 2] for c in heads), paper
         assert all(c.seeds is None for c in cells if not re.fullmatch(pattern, c.id)), paper
+
+
+def test_every_shipped_config_is_in_the_wheels_package_data() -> None:
+    """An installed lowband has only what pyproject's package-data globs ship: every config
+    a shipped reproduce.toml names must match one (a deeper folder would be left out)."""
+    from fnmatch import fnmatchcase
+
+    from lowband.reproduce import load_cells, packaged_experiments
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lowband"]
+    shipped = packaged_experiments()
+    assert shipped is not None
+    for paper in ("spark", "fedcspack", "fol", "kta"):
+        names = {f"{paper}/reproduce.toml"}
+        for c in load_cells(paper, experiments=shipped):
+            names |= {str(Path(p).resolve().relative_to(shipped.resolve())) for p in (c.config, c.reference) if p}
+        for name in names:
+            parts = ("experiments/" + name).split("/")
+            assert any(len(g.split("/")) == len(parts) and all(fnmatchcase(a, b) for a, b in zip(parts, g.split("/")))
+                       for g in globs), f"{paper}: {name} is not shipped by {globs}"
+
+
+def test_seeds_value_counts_the_seeds_with_a_number() -> None:
+    from lowband.reproduce import Cell, RunData, seeds_value
+
+    def run(seed: int, accs: list[float]) -> RunData:
+        metrics = [{"round": r, "consensus/acc": a} for r, a in enumerate(accs)]
+        return RunData(Path(f"runs/x/seed-{seed}"), metrics, [], 3, 0.8, "consensus/acc", 1, seed)
+
+    runs = {0: run(0, [0.1, 0.85, 0.9, 0.9]), 1: run(1, [0.1, 0.5, 0.82, 0.9]), 2: run(2, [0.1, 0.2, 0.3, 0.4])}
+    ours, per = seeds_value(Cell("c", "t", "cfg", "rounds_to_target"), runs, {})
+    assert ours == "1.5 ± 0.7 (n=2 of 3)" and per == ["0: 1", "1: 2", "2: > 3"]
+    ours, per = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=5), runs, {})
+    assert ours == "" and per == ["0: -", "1: -", "2: -"]  # round 5 not reached: no number
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=1), runs, {})
+    assert ours == f"{statistics.mean([85, 50, 20]):.2f} ± {statistics.stdev([85, 50, 20]):.2f} (n=3)"
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc"), {2: runs[2]}, {})
+    assert ours == "40.00"  # one seed: the value alone, as before seeds existed

@@ -507,19 +507,21 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
             f"evaluation times (timing.jsonl) times its `threads`{note}.")
     if kept:
         recorded: dict[str, float] = {}
-        missing = 0
+        missing: set[str] = set()
         for where in kept.values():
             hits = _CPU_H.findall(where)
             if not hits:
-                missing += 1
+                folder = re.search(r"`([^`]+)`", where)
+                missing.add(folder.group(1) if folder else where)
             for folder, h in hits:
                 recorded.setdefault(folder, float(h))
         if recorded:
             line += (f" Cells kept from the previous table add {sum(recorded.values()):.3g} CPU-hours "
                      f"(recorded for {len(recorded)} runs)")
-            line += f"; {missing} kept cells have no recorded compute." if missing else "."
+            line += f"; {len(missing)} of their runs have no recorded compute." if missing else "."
         elif missing:
-            line += f" {missing} cells kept from the previous table have no recorded compute (not counted)."
+            line += (f" The {len(missing)} runs of cells kept from the previous table have no recorded compute "
+                     f"(not counted).")
     return line
 
 
@@ -597,7 +599,7 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 seeds = "" if len(runs) == 1 else f" seeds {', '.join(str(s) for s in runs)}"
                 cpu_h = sum(d.cpu_hours for d in runs.values())
                 where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h)"
-                if len(runs) > 1:
+                if len(runs) > 1 and ours:
                     notes.append(f"- `{c.id}`: {', '.join(per_seed)}")
             body.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
         if notes:
