@@ -250,7 +250,7 @@ class Result:
             if not ck.exists():
                 raise ValueError(f"{self.run_dir}: no checkpoint.pt (checkpoint_every = 0?): the final states were "
                                  f"not kept")
-            data = torch.load(ck, weights_only=True)
+            data = torch.load(ck, map_location="cpu", weights_only=True)
             if int(data["round"]) != int(self.summary.get("rounds_completed") or -1):
                 raise ValueError(f"{ck} is from round {data['round']}, not the final round "
                                  f"{self.summary.get('rounds_completed')}")

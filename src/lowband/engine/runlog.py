@@ -98,7 +98,8 @@ def is_run_folder(folder: Path) -> bool:
 def _comparable(toml_text: str) -> str:
     """The saved config without the keys a resume may change: ``rounds`` and where the
     rounds execute (``executor``, ``ray_*``), which changes no number (tested in
-    tests/test_ray.py)."""
+    tests/test_ray.py), the ``device`` (a run saved on a GPU continues on the CPU and back;
+    floating-point results may differ between devices) and the extra outputs (``log``)."""
     import tomllib
 
     d = tomllib.loads(toml_text)
@@ -108,7 +109,7 @@ def _comparable(toml_text: str) -> str:
         d = tomllib.loads(validate(d).to_toml())
     except Exception:  # noqa: BLE001 - a config the current schema rejects compares as saved
         pass
-    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus"):
+    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log"):
         d.pop(key, None)
     return json.dumps(d, sort_keys=True)
 
@@ -242,7 +243,7 @@ class RunLog:
         if not self.ckpt_path.exists():
             return None
         try:
-            return torch.load(self.ckpt_path, weights_only=True)
+            return torch.load(self.ckpt_path, map_location="cpu", weights_only=True)  # any device: moved by the run
         except Exception as exc:  # noqa: BLE001 - report any unreadable checkpoint in one line
             raise RunDirError(f"{self.ckpt_path}: unreadable checkpoint ({type(exc).__name__}); "
                               f"delete it to restart the run from round 0") from None

@@ -231,6 +231,8 @@ def model_message(params: Params, arch: Arch, meta: Optional[dict[str, Any]] = N
 
 def _build(arch: Arch, params: Params) -> GraphNet:
     net = GraphNet(arch)
+    if params:  # on the parameters' device (the run's)
+        net = net.to(next(iter(params.values())).device)
     net.load_state_dict(params)
     return net
 
