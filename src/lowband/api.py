@@ -461,6 +461,11 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
     if out is not None:
         options["out_dir"] = str(out)
     e = _as_experiment(exp, options)
+    if not write and e.log.tensorboard:
+        from lowband.config import ConfigError
+
+        raise ConfigError("log.tensorboard writes RUN/tb/ in the run folder, and write=False writes nothing; "
+                          "run with write=True (and out=...) or drop log.tensorboard")
     data = target = None
     if write:  # in-memory arrays go to the run folder's data.npz, and the config points there
         e_mem = e
