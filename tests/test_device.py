@@ -166,6 +166,31 @@ def test_device_cpu_gives_byte_identical_metrics(tmp_path: Path) -> None:
     assert ma.read_bytes() == mb.read_bytes() and len(ma.read_bytes().splitlines()) == 4  # rounds 0-3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_link_flops_count_on_the_model_device(device: str) -> None:
+    """[links] compute time counts FLOPs with a sample on the model's device (not the 2 x
+    parameters fallback a device mismatch would give)."""
+    from lowband.comm.links import forward_flops
+    from lowband.models import build_model
+
+    model = build_model("mlp", num_classes=10, input_shape=(64,), hidden=32)
+    cpu = forward_flops(model, (64,))
+    assert cpu != 2 * sum(p.numel() for p in model.parameters())
+    assert forward_flops(model.to(device), (64,)) == cpu
+
+
+def test_resume_may_change_the_device_key(tmp_path: Path) -> None:
+    """``device`` is not part of the config a resume must repeat (a run moves between machines);
+    here "auto" is this machine's device, so the result equals an uninterrupted run."""
+    cfg = _config(tmp_path / "a", "fedavg", rounds=2)
+    Simulation(validate(cfg)).run()
+    res = Simulation(validate({**cfg, "rounds": 3, "device": "auto"}), resume=True).run()
+    whole = Simulation(validate({**_config(tmp_path / "b", "fedavg", rounds=3), "device": "auto"})).run()
+    if resolve_device("auto").type == "cpu":
+        assert (Path(res.run_dir) / "metrics.jsonl").read_bytes() == (Path(whole.run_dir) / "metrics.jsonl").read_bytes()
+    assert [r["round"] for r in res.metrics] == [0, 1, 2, 3]
+
+
 @CUDA
 @pytest.mark.parametrize("first,second", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_resume_on_another_device(tmp_path: Path, first: str, second: str) -> None:
