@@ -103,6 +103,16 @@ def test_non_serial_executor_refuses_a_gpu(tmp_path: Path, monkeypatch: pytest.M
         Simulation(validate(_config(tmp_path, "fedavg", device="cuda", executor="ray")), write=False)
 
 
+def test_flower_adapter_refuses_a_device() -> None:
+    """The Flower adapter decodes to CPU tensors: another device is refused, not ignored."""
+    pytest.importorskip("flwr")
+    from lowband.flower.adapter import experiment_from_run_config
+
+    assert experiment_from_run_config({"overrides": "rounds=1"}).device == "cpu"
+    with pytest.raises(ConfigError, match="the Flower adapter runs on the CPU only"):
+        experiment_from_run_config({"overrides": 'device="cuda"'})
+
+
 def test_to_device_rebuilds_nested_states() -> None:
     from lowband.data.federation import NodeData
 
