@@ -136,6 +136,16 @@ def test_wire_bytes_do_not_depend_on_the_device(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_addressed_batches_are_the_same_on_every_device(device: str) -> None:
+    """Batch indices come from the addressed CPU generator and are moved: the same batches."""
+    from lowband.train import batches
+
+    ref = [b.tolist() for b in batches(50, 8, torch_gen(3, "alg", 1, 0, "local"))]
+    got = list(batches(50, 8, torch_gen(3, "alg", 1, 0, "local"), device=torch.device(device)))
+    assert all(b.device.type == device for b in got) and [b.tolist() for b in got] == ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_received_messages_live_on_the_run_device(device: str) -> None:
     dev = torch.device(device)
     net = Network(CodecConfig("fp16"), Ledger(), seed=0, device=dev)
