@@ -208,7 +208,8 @@ def child_engine(key: str, mode: str, quick: bool, rounds: int, ntk_nodes: int, 
         "eval_s": statistics.mean(per[r][1] for r in meas) * (scale if not with_eval else 1.0),
         "round1_s": rounds_s.get(1), "rounds_s": rounds_s, "setup_s": setup, "extrapolated_x": scale,
         "nodes_run": exp.data.num_clients, "keys": keys, "threads": torch.get_num_threads(),
-        "rss_tree_kib": mem.peak_kib, "rss_self_kib": self_peak_rss_kib(), "processes": 1 + mem.peak_workers,
+        "rss_tree_kib": mem.peak_kib, "pss_tree_kib": mem.peak_pss_kib, "rss_self_kib": self_peak_rss_kib(),
+        "processes": 1 + mem.peak_workers,
         "metrics": main, "notes": notes,
     }
 
@@ -299,6 +300,7 @@ def child_plain_fl(key: str, quick: bool, rounds: int) -> dict[str, Any]:
     return {
         "s_per_round": statistics.mean(rounds_s[r] for r in meas), "round1_s": rounds_s.get(1),
         "rounds_s": rounds_s, "threads": torch.get_num_threads(), "rss_tree_kib": mem.peak_kib,
+        "pss_tree_kib": mem.peak_pss_kib,
         "rss_self_kib": self_peak_rss_kib(), "processes": 1 + mem.peak_workers, "metrics": metrics,
         "flops": {"train": train, "eval": eval_samples * per_fwd, "train_per_sample": per_train,
                   "eval_per_sample": per_fwd, "eval_samples": eval_samples},
@@ -342,7 +344,8 @@ def child_plain_ntk(key: str, quick: bool, rounds: int) -> dict[str, Any]:
             parts = {f"responder {k2}": v * nodes for k2, v in resp.items()}
             parts.update({f"requester {k2}": v * nodes for k2, v in req.items()})
     return {"s_per_round": per_node * nodes, "round1_s": None, "rounds_s": {}, "threads": torch.get_num_threads(),
-            "rss_tree_kib": mem.peak_kib, "rss_self_kib": self_peak_rss_kib(), "processes": 1 + mem.peak_workers,
+            "rss_tree_kib": mem.peak_kib, "pss_tree_kib": mem.peak_pss_kib, "rss_self_kib": self_peak_rss_kib(),
+        "processes": 1 + mem.peak_workers,
             "metrics": {}, "parts_s": parts, "sizes": {"nodes": nodes, "n": n, "n_pool": n_pool, "tau": tau},
             "flops": {"train": flops, "eval": 0.0}}
 
@@ -401,6 +404,16 @@ def _gib(kib: Optional[int]) -> str:
     return "n/a" if not kib else f"{kib / 2**20:.2f}"
 
 
+def _mem(r: dict[str, Any]) -> str:
+    """Peak memory of one run: the process's own peak RSS, or with worker processes the
+    peak summed PSS of the process tree (shared pages counted once)."""
+    if "error" in r or not r.get("rss_self_kib"):
+        return "n/a"
+    if r.get("processes", 1) > 1 and r.get("pss_tree_kib"):
+        return f"{_gib(r['pss_tree_kib'])} ({r['processes']} proc, PSS)"
+    return _gib(r["rss_self_kib"])
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> str:
     if not a or not b or math.isnan(a) or math.isnan(b):
         return "n/a"
@@ -439,7 +452,7 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
         mem = []
         for mode in MODES:
             r = res.get(mode, {})
-            mem.append(f"{_gib(r.get('rss_tree_kib'))} ({r.get('processes', '?')} proc)" if "error" not in r else "n/a")
+            mem.append(_mem(r))
         rows.append([wl["label"] + (" (quick)" if args.quick else ""), *cells, _s(floor), *mem])
         s = {m: res.get(m, {}).get("s_per_round") for m in MODES}
         ratios.append([key, _ratio(s["default"], s["serial"]), _ratio(s["default"], s["plain"]),
@@ -458,7 +471,10 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
                 bits.append(f"engine run on {r['nodes_run']} nodes, x{r['extrapolated_x']:.1f}")
             if r.get("setup_s") is not None:
                 bits.append(f"setup {r['setup_s']:.1f} s")
-            bits.append(f"torch threads {r.get('threads')}, main-process peak RSS {_gib(r.get('rss_self_kib'))} GiB")
+            bits.append(f"torch threads {r.get('threads')}; peak memory GiB: main process "
+                        f"{_gib(r.get('rss_self_kib'))}, "
+                        f"{r.get('processes', 1)} process(es) RSS sum {_gib(r.get('rss_tree_kib'))}"
+                        + (f", PSS sum {_gib(r.get('pss_tree_kib'))}" if r.get("pss_tree_kib") else ""))
             if r.get("metrics"):
                 bits.append("metrics " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(r["metrics"].items())))
             if r.get("notes"):
@@ -474,6 +490,8 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
     out.append("")
     out.append(table(["workload", "default / serial", "default / plain", "serial / floor", "default / floor",
                       "plain / floor"], ratios))
+    out.append("(ratios of seconds per round: below 1x the first is faster; issue 18's \"2x faster\" is <= 0.50x, "
+               "\"within 3x of the floor\" is <= 3x)")
     out.append("")
     out.extend(details)
     return "\n".join(out)
@@ -486,7 +504,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds per run; all but the first are timed (default: fedavg 3, others 2; 1 with --quick)")
+                    help="rounds per run; all but the first are timed (default: fedavg 3, others 2)")
     ap.add_argument("--ntk-nodes", type=int, default=30,
                     help="nodes of the NTK-DFL / SPARK engine runs, extrapolated to the config's (default 30; even)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -512,7 +530,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for kv in args.set:
         if "=" not in kv:
             ap.error(f"--set {kv!r}: expected KEY=VALUE")
-    args.rounds_for = {k: args.rounds or (1 if args.quick else WORKLOADS[k]["rounds"]) for k in WORKLOADS}
+    args.rounds_for = {k: args.rounds or (2 if args.quick else WORKLOADS[k]["rounds"]) for k in WORKLOADS}
 
     if args.child:
         return child(args.child, modes, args.quick, args.rounds_for[args.child], args.ntk_nodes, args.set)
