@@ -62,7 +62,7 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _common import TreeRSS, big_matmul_rate, loadavg, machine, self_peak_rss_kib, table  # noqa: E402
+from _common import TreeRSS, big_matmul_rate, loadavg, machine, runnable, self_peak_rss_kib, table  # noqa: E402
 
 MODES = ("serial", "default", "plain")
 MARK = "SUITE_RESULT "
@@ -543,7 +543,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"machine: {mach['cpu']}, {mach['logical_cpus']} logical CPUs; torch {mach['torch']} "
           f"(default threads {mach['torch_threads']}, OMP_NUM_THREADS={mach['omp_num_threads']}), "
           f"python {mach['python']}")
-    print(f"load average at start (1/5/15 min): {load0}")
+    print(f"load average at start (1/5/15 min): {load0}; runnable now: {runnable()} (the load average lags a "
+          f"paused job by a minute)")
     threads0 = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     rate = big_matmul_rate(args.matmul_n or (512 if args.quick else 2048), 0.3 if args.quick else 2.0)
@@ -565,7 +566,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 results[key].update(spawn(key, [mode], args))
     load1 = loadavg()
     print(report(results, rate, args))
-    print(f"\nload average at end (1/5/15 min): {load1}; suite wall time {time.perf_counter() - t_start:.0f} s")
+    print(f"\nload average at end (1/5/15 min): {load1}; runnable now: {runnable()}; "
+          f"suite wall time {time.perf_counter() - t_start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": mach, "loadavg_start": load0, "loadavg_end": load1,
                                                "big_matmul": rate, "quick": args.quick, "results": results},
