@@ -169,14 +169,15 @@ def child_engine(key: str, mode: str, quick: bool, rounds: int, ntk_nodes: int, 
     cfg = ROOT / wl["config"]
     keys = mode_keys(mode, extra)
     over = base_overrides(key, quick, rounds) + [f"{k}={v}" for k, v in keys.items() if v is not None]
-    scale = 1.0
+    scale, budgets = 1.0, []
     if wl["kind"] == "ntk":
         target = load_experiment(cfg, over).data.num_clients
         scale = target / ntk_nodes
         hp = hyperparams(load_experiment(cfg, over))
         over.append(f"data.num_clients={ntk_nodes}")
-        over += [f"algorithm.{b}={getattr(hp, b) / scale}" for b in NTK_BUDGETS if hasattr(hp, b)]
-    notes: list[str] = []
+        budgets = [f"algorithm.{b}={getattr(hp, b) / scale:g}" for b in NTK_BUDGETS if hasattr(hp, b)]
+        over += budgets
+    notes: list[str] = [f"budgets scaled: {', '.join(budgets)}"] if wl["kind"] == "ntk" else []
     with tempfile.TemporaryDirectory(prefix=f"suite_{key}_{mode}_") as tmp:
         exp = load_experiment(cfg, [*over, f"out_dir={json.dumps(str(Path(tmp) / 'run'))}"])
         with TreeRSS() as mem:
