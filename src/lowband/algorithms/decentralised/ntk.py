@@ -581,15 +581,19 @@ class Projection:
             p1 = b1[1]  # (in, hid, k)
             inn = p1.shape[0]
             p1f = p1.view(inn, hid * k)
+            # the weight vectors' G stacked along the class axis: one bmm with w C rows per
+            # sample is ~3x faster than w bmms with C rows, and gives the same bytes
+            gcat = torch.cat(gs, 1) if len(gs) > 1 else gs[0]
             for a in range(0, n, chunk):
                 if q is None:
                     qa = (x2[a:a + chunk] @ p1f).view(-1, hid, k)  # Q[n, j, :] = x_n^T P1[:, j, :]
                 elif isinstance(q, torch.Tensor):
                     qa = q[a:a + chunk].to(torch.float32)
-                else:  # numpy array or memmap
-                    qa = torch.from_numpy(np.array(q[a:a + chunk], dtype=np.float32))  # a copy: memmaps are read-only
-                for g, out in zip(gs, outs):
-                    out[a:a + chunk, :, s1] += torch.bmm(g[a:a + chunk], qa)
+                else:  # numpy array or (copy-on-write) memmap
+                    qa = torch.from_numpy(q[a:a + chunk]).to(torch.float32)
+                prod = torch.bmm(gcat[a:a + chunk], qa)
+                for i, out in enumerate(outs):
+                    out[a:a + chunk, :, s1] += prod[:, i * c:(i + 1) * c]
         return outs
 
     def jacobian_generic(self, model: nn.Module, params: Params, x: torch.Tensor, chunk: int = 16) -> torch.Tensor:

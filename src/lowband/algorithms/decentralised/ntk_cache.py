@@ -132,7 +132,8 @@ class XPCache:
         on_disk = self.disk.get(key)
         if on_disk is not None and on_disk[0] == fp:
             self.stats["disk"] += 1
-            return np.memmap(on_disk[1], dtype=self._ndtype, mode="r", shape=on_disk[2])
+            # copy-on-write: torch wraps it without a copy (nothing writes to it)
+            return np.memmap(on_disk[1], dtype=self._ndtype, mode="c", shape=on_disk[2])
         self.stats["computed"] += 1
         q = compute(x)
         if self._tdtype != torch.float32:
