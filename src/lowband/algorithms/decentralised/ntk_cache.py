@@ -8,7 +8,8 @@
   ``disk_mb``, then nothing (recomputed on demand, as without a cache). ``float32`` (the
   default) stores the exact bytes the uncached path computes, so results are identical
   whichever tier a node lands in; ``float16`` halves the bytes and rounds ``Q`` (a relative
-  error of about 5e-4 per entry; the projected Jacobians then differ by ~1e-4 relative).
+  error of up to 5e-4 per entry; the projected Jacobians differ by 2e-4 relative (Frobenius)
+  and the projected kernel by 1e-5 at the paper's size).
 - :class:`LiftCache` keeps ``w0 + P theta`` for the coordinates of the current round: the
   five neighbours that answer requester i all lift i's ``theta_bar`` (a 313 MB read of
   ``P`` each at the paper's size); a pure function of ``theta``, computed once per process.

@@ -126,7 +126,7 @@ class KernelDFLHP(Hyperparams):
         "budget, memory-mapped files in scratch_dir (0: none; beyond both budgets X P is recomputed)")
     xp_cache_dtype: Literal["float32", "float16"] = Field(
         "float32", description="storage of the cached X P: float32 = exact (results identical to no cache); "
-        "float16 = half the bytes, Jacobian replies within ~1e-3 relative")
+        "float16 = half the bytes, Jacobian replies within ~2e-4 relative")
     scratch_dir: Optional[str] = Field(
         None, description="performance only: the folder of the X P files beyond the RAM budget "
         "(None: the run folder's scratch/, or no files when the run writes no folder)")
