@@ -363,3 +363,21 @@ def test_resume_with_the_xp_cache_is_identical(tmp_path: Path) -> None:
     assert b.alg.xp_cache().stats["computed"] == 6  # rebuilt once per node after the resume
     assert all(torch.equal(x, y) for x, y in zip(_thetas(a), _thetas(b)))
     assert (tmp_path / "w" / "spark-3" / "metrics.jsonl").read_text() == (tmp_path / "p" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("layout", ["sum", "tensor", "module"])
+def test_readings_bytes_from_shapes_equal_the_ledger(tmp_path: Path, layout: str) -> None:
+    """benchmarks/spark_readings.py counts a round's bytes from the message shapes (the
+    readings table of docs/algorithms/spark.md); it must equal a real round's ledger."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "spark_readings", Path(__file__).resolve().parents[1] / "benchmarks" / "spark_readings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sim = Simulation(validate(_cfg(tmp_path, "spark", 1, **SPARK_HP, projection_layout=layout)))
+    dim, counted, edges = mod.round_bytes(sim)
+    sim.run()
+    ledger = {k: int(v["encoded"]) for k, v in sim.ledger.by_kind(round=1).items()}
+    assert counted == ledger and edges == 12
+    assert dim == {"sum": 40, "tensor": 40 + 8 + 40 + 10, "module": 40 + 40}[layout]
