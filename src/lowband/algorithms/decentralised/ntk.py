@@ -42,7 +42,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev, jvp, vjp, vmap

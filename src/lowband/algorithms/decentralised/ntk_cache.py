@@ -74,7 +74,11 @@ def sweep_stale_scratch(folder: str) -> list[str]:
     return removed
 
 
-def _remove_all(paths: list[str]) -> None:
+def _remove_all(paths: list[str], owner: Optional[int] = None) -> None:
+    """Remove ``paths`` (only in the process ``owner`` that wrote them: a forked worker that
+    inherited the list must not remove its parent's files when it exits)."""
+    if owner is not None and os.getpid() != owner:
+        return
     for p in paths:
         try:
             os.remove(p)
@@ -107,7 +111,7 @@ class XPCache:
         self.stats = {"ram": 0, "disk": 0, "computed": 0, "kept_ram": 0, "kept_disk": 0}
         self._token = uuid.uuid4().hex[:8]
         self._paths: list[str] = []
-        self._finalizer = weakref.finalize(self, _remove_all, self._paths)
+        self._finalizer = weakref.finalize(self, _remove_all, self._paths, os.getpid())
         self._swept = False
 
     def __reduce__(self) -> tuple[Any, ...]:
