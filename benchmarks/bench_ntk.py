@@ -38,7 +38,8 @@ from typing import Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+#: BENCH_SRC: time another checkout's code (e.g. the commit before a change) on this script
+sys.path.insert(0, os.environ.get("BENCH_SRC", str(ROOT / "src")))
 
 from lowband.algorithms.decentralised import ntk  # noqa: E402
 from lowband.models import build_model  # noqa: E402
@@ -243,6 +244,49 @@ def engine_round(alg: str, threads: int) -> float:
         return clock() - t
 
 
+def engine_rounds(alg: str, nodes: int, rounds: int, extra: list[str]) -> list[tuple[float, float]]:
+    """``rounds`` rounds of the paper's config through the engine at ``nodes`` nodes (same
+    per-node data, graph degree and model; no evaluation), single-threaded. Every node does
+    the same work per round, so a round at 300 nodes costs about ``300 / nodes`` times as
+    much; the memory budgets (``max_inflight_mb``, ``xp_cache_mb``) are scaled by
+    ``nodes / 300`` so that the requester groups and the share of nodes whose ``X P`` stays
+    in RAM (the rest: memory-mapped files in the run folder's scratch/) match the paper's
+    size. Returns (wall seconds, process CPU seconds) per round."""
+    import tempfile
+
+    from lowband.config import load_experiment
+    from lowband.engine.simulator import Simulation
+
+    cfg = ROOT / "experiments" / "spark" / f"{alg}_a0.1.toml"
+    scale = nodes / 300
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        budget = [f"algorithm.max_inflight_mb={2000 * scale}"]
+        from lowband.algorithms import ALGORITHMS
+
+        if "xp_cache_mb" in ALGORITHMS[alg].Hyperparams.model_fields:  # absent before the cache existed
+            budget.append(f"algorithm.xp_cache_mb={2000 * scale}")
+        exp = load_experiment(cfg, [f"out_dir=\"{tmp}/r\"", f"rounds={rounds}", "threads=1", "eval.at_round0=false",
+                                    f"data.num_clients={nodes}", "eval.every=1000", "checkpoint_every=0",
+                                    'eval.protocols=["consensus"]', *budget, *extra])
+        sim = Simulation(exp)
+        sim.executor.init_states(sim.topology.plan(0))
+        out = []
+        for r in range(1, rounds + 1):
+            w, c = time.perf_counter(), time.process_time()
+            plan = sim.topology.plan(r - 1)
+            inboxes: dict = {}
+            for step in sim.alg.steps(r, plan):
+                outboxes = sim.executor.run_step(step, r, plan, inboxes)
+                inboxes = sim.route(r, outboxes)
+            out.append((time.perf_counter() - w, time.process_time() - c))
+            print(f"  {alg} round {r}: {out[-1][0]:7.1f} s wall, {out[-1][1]:7.1f} s CPU  "
+                  f"(x {300 / nodes:.0f} = {out[-1][0] * 300 / nodes / 60:5.1f} min at 300 nodes)", flush=True)
+        cache = getattr(sim.alg, "_xp_cache", None)
+        if cache is not None:
+            print(f"  X P cache: {cache.stats}, {cache.ram_bytes / 1e6:.0f} MB RAM, {cache.disk_bytes / 1e6:.0f} MB files")
+    return out
+
+
 def fmt(s: float) -> str:
     return f"{s:8.2f} s" if s < 600 else f"{s / 60:8.1f} min"
 
@@ -256,6 +300,12 @@ def main() -> None:
     ap.add_argument("--round", action="store_true", help="also time one real engine round of each (minutes)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes: a smoke test, not a measurement")
     ap.add_argument("--quality", action="store_true", help="only the Gaussian-vs-Kronecker projection quality")
+    ap.add_argument("--engine", type=int, default=0, metavar="NODES",
+                    help="only: rounds of NTK-DFL and SPARK through the engine at NODES nodes (e.g. 30), "
+                         "extrapolated to 300 (see engine_rounds)")
+    ap.add_argument("--engine-rounds", type=int, default=2, help="rounds per method with --engine")
+    ap.add_argument("--engine-algs", default="ntk_dfl,spark", help="comma-separated configs with --engine")
+    ap.add_argument("--set", action="append", default=[], help="a config override for --engine (repeatable)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default=None,
                     help="cpu: process CPU time (default with --threads 1; meaningful on a shared machine); "
                          "wall: elapsed time (default with more threads)")
@@ -269,6 +319,17 @@ def main() -> None:
     print(f"threads={args.threads}  clock={CLOCK}  load average {os.getloadavg()[0]:.2f}  torch {torch.__version__}")
     if args.quality:
         projection_quality(300 if args.quick else n_pool, (200,) if args.quick else (500, 1000), tau)
+        return
+    if args.engine:
+        import lowband
+
+        print(f"engine rounds at {args.engine} nodes, code from {Path(lowband.__file__).parent}")
+        res = {a: engine_rounds(a, args.engine, args.engine_rounds, args.set) for a in args.engine_algs.split(",")}
+        if "ntk_dfl" in res and "spark" in res:
+            ref = min(c for _, c in res["ntk_dfl"])
+            print("SPARK / NTK-DFL per round (CPU): " + ", ".join(f"round {r + 1}: {c / ref:.2f}x"
+                                                               for r, (_, c) in enumerate(res["spark"])))
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
         return
     rate = matmul_rate(1024 if args.quick else 2048)
     print(f"matmul rate (2048^3 fp32, per {CLOCK} second): {rate:.1f} GFLOP/s\n")

@@ -234,6 +234,7 @@ class Simulation:
             self.fed = to_device(self.fed, self.device)
         self.num_nodes = len(self.fed.nodes)
         self.alg.num_nodes = self.num_nodes
+        self.alg.scratch_root = str(exp.run_dir() / "scratch") if write else None  # recomputable caches only
         with config_errors("topology"):
             self.topology = make_topology(exp, self.alg.family, self.num_nodes, self.alg.default_topology)
             self.alg.check_topology(self.topology, self.num_nodes)

@@ -38,8 +38,13 @@ each member its slice ``R_m`` of the residual; the members answer with
 Steps 3 and 4 may be split into groups of requesters (``reply_groups``) so that at most a
 fraction of the round's Jacobian messages is in memory at once (SPARK at the paper's size
 moves 12 GB of projected Jacobians per round). The split changes nothing in the result
-(a test checks it); it costs recomputation of the weight-independent ``X_j P`` on
-responders whose requesters fall in several groups.
+(a test checks it). The weight-independent product ``X_j P1`` (SPARK's Gaussian ``P``
+with the MLP) is computed once per node and run and kept across rounds and groups
+(:class:`~lowband.algorithms.decentralised.ntk_cache.XPCache`: RAM up to ``xp_cache_mb``,
+then memory-mapped files in the run folder's ``scratch/`` up to ``xp_cache_disk_mb``, float32
+by default so results are identical with or without it); so is the lift ``w0 + P theta_bar_i``
+every responder of requester i computes (``LiftCache``, per round). Neither is state: a
+resumed run rebuilds them.
 
 Deliberate choices (docs/algorithms/spark.md): Jacobians at ``w_bar_i`` (reference code);
 the candidate loss of ``tau_select = "true"`` evaluates the network at ``w_bar_i + dw`` on
@@ -54,7 +59,6 @@ receiver computes it in float32): figure 4's codecs are measured with SPARK.
 from __future__ import annotations
 
 import math
-import os
 from functools import partial
 from typing import Any, Literal, Optional
 
@@ -63,6 +67,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lowband.algorithms.decentralised import ntk
+from lowband.algorithms.decentralised.ntk_cache import LiftCache, XPCache, sweep_stale_scratch  # noqa: F401
 from lowband.algorithms.base import (
     Algorithm, Envelope, Hyperparams, NodeContext, Outbox, Params, State, Step, register,
 )
@@ -113,9 +118,18 @@ class KernelDFLHP(Hyperparams):
         "synchronous", description="synchronous: every node averages and evolves from the round's start state "
         "(the spec); sequential: nodes update one after another in id order, each averaging its neighbours' "
         "current weights, already updated ones included (Gauss-Seidel, the reference code's loop)")
+    xp_cache_mb: float = Field(
+        2000.0, ge=0, description="performance only: RAM budget (MB, per process) of the weight-independent X P "
+        "products kept across rounds (SPARK's Gaussian P with the MLP: ~80 MB per node at the paper's size)")
+    xp_cache_disk_mb: float = Field(
+        32000.0, ge=0, description="performance only: disk budget (MB) for the X P products beyond the RAM "
+        "budget, memory-mapped files in scratch_dir (0: none; beyond both budgets X P is recomputed)")
+    xp_cache_dtype: Literal["float32", "float16"] = Field(
+        "float32", description="storage of the cached X P: float32 = exact (results identical to no cache); "
+        "float16 = half the bytes, Jacobian replies within ~2e-4 relative")
     scratch_dir: Optional[str] = Field(
-        None, description="performance only: a folder where a responder keeps its weight-independent X P "
-        "product between the requester groups of a round (None: recompute it per group)")
+        None, description="performance only: the folder of the X P files beyond the RAM budget "
+        "(None: the run folder's scratch/, or no files when the run writes no folder)")
 
     @field_validator("k", "kron_terms", "projection_seed")
     @classmethod
@@ -195,22 +209,68 @@ class KernelDFL(Algorithm):
         return ntk.cached_projection({n: w0[n] for n in names}, self.hp.k, self.hp.projection, seed,
                                      self.hp.kron_terms, self.hp.projection_layout)
 
-    def _weights_of(self, ctx: NodeContext, theta: torch.Tensor) -> Params:
-        """``w0 + P theta`` (buffers, if any, from ``w0``)."""
+    def _weights_of(self, ctx: NodeContext, theta: torch.Tensor, shared: bool = False) -> Params:
+        """``w0 + P theta`` (buffers, if any, from ``w0``). ``shared``: from the round's
+        :class:`~lowband.algorithms.decentralised.ntk_cache.LiftCache` (the same bytes; the
+        dict is shared, read-only), for ``theta_bar`` that every responder lifts."""
+        def lift(t: torch.Tensor) -> Params:
+            w0 = ctx.init_params()
+            delta = self._projection(ctx).lift(t)
+            return {n: (v + delta[n]) if n in delta else v for n, v in w0.items()}
+
+        if not shared:
+            return lift(theta)
+        if self._lifts is None:
+            self._lifts = LiftCache()
+        return self._lifts.get(ctx.round, self._proj_key(ctx), theta, lift)
+
+    def _proj_key(self, ctx: NodeContext) -> tuple:
         w0 = ctx.init_params()
-        delta = self._projection(ctx).lift(theta)
-        return {n: (v + delta[n]) if n in delta else v for n, v in w0.items()}
+        return (tuple((n, tuple(w0[n].shape)) for n in self._trainable(ctx)), self.hp.k, self.hp.projection,
+                ctx.seed if self.hp.projection_seed is None else self.hp.projection_seed, self.hp.kron_terms,
+                self.hp.projection_layout)
+
+    def _sample_idx(self, ctx: NodeContext) -> Optional[torch.Tensor]:
+        """The rows of the node's training data used this round (None: all of them)."""
+        f = self.hp.sample_fraction
+        n = int(ctx.data.train_y.shape[0])
+        if f >= 1.0 or n == 0:
+            return None
+        m = max(1, int(math.ceil(f * n)))
+        return torch.randperm(n, generator=ctx.rng("sample"))[:m].sort().values
 
     def _sample(self, ctx: NodeContext) -> tuple[torch.Tensor, torch.Tensor]:
         """This round's (possibly subsampled) training data of the node."""
         x, y = ctx.data.train_x, ctx.data.train_y
-        f = self.hp.sample_fraction
-        n = int(y.shape[0])
-        if f >= 1.0 or n == 0:
-            return x, y
-        m = max(1, int(math.ceil(f * n)))
-        idx = torch.randperm(n, generator=ctx.rng("sample"))[:m].sort().values
-        return x[idx], y[idx]
+        idx = self._sample_idx(ctx)
+        return (x, y) if idx is None else (x[idx], y[idx])
+
+    # -- the X P products, kept across rounds ---------------------------------------
+    #: set by the engine: <run folder>/scratch (None when the run writes no folder)
+    scratch_root: Optional[str] = None
+    _xp_cache: Optional[XPCache] = None
+    _lifts: Optional[LiftCache] = None
+
+    def xp_cache(self) -> XPCache:
+        """This run's :class:`XPCache` (budgets from the hyperparameters; files in
+        ``scratch_dir``, else the run folder's ``scratch/``)."""
+        if self._xp_cache is None:
+            folder = self.hp.scratch_dir or self.scratch_root
+            self._xp_cache = XPCache(self.hp.xp_cache_mb, self.hp.xp_cache_disk_mb if folder else 0.0, folder,
+                                     self.hp.xp_cache_dtype)
+        return self._xp_cache
+
+    def _xp(self, ctx: NodeContext, proj: ntk.Projection) -> Any:
+        """``X P1`` for this round's rows of the node's data: computed on all its training
+        inputs once per run (rows taken when ``sample_fraction < 1``), so a node's numbers do
+        not depend on whether its product was cached."""
+        q = self.xp_cache().get((ctx.node, self._proj_key(ctx)), ctx.data.train_x, proj.xp)
+        idx = self._sample_idx(ctx)
+        if idx is None:
+            return q
+        if isinstance(q, torch.Tensor):
+            return q[idx]
+        return q[idx.numpy()]
 
     def lr_at(self, round: int) -> float:
         return self.hp.lr * math.exp(-self.hp.lr_decay * (round - 1))
@@ -246,10 +306,9 @@ class KernelDFL(Algorithm):
         nodes = list(plan.participants)
         groups = requester_groups(plan, self.num_groups(plan), round)
         out = [Step("share", nodes, self.share), Step("request", nodes, self.request)]
-        where = {v: g for g, members in enumerate(groups) for v in members}
         for g, members in enumerate(groups):
             out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0,
-                                                        g=g, where=where, last=g == len(groups) - 1)))
+                                                        last=g == len(groups) - 1)))
             out.append(Step(f"update{g}", members, self.update))
             if self.split_update:
                 out.append(Step(f"grad{g}", nodes, partial(self.grad, group=frozenset(members),
@@ -304,7 +363,7 @@ class KernelDFL(Algorithm):
             thetas = [state["theta"]] + [e.msg.tensors["theta"] for e in inbox if e.msg.kind == "coords"]
             tbar = torch.stack(thetas).mean(0)
             new["thetabar"] = tbar
-            new["wbar"] = self._weights_of(ctx, tbar)
+            new["wbar"] = self._weights_of(ctx, tbar, shared=True)
             msg = Message("request", {"theta": tbar})
         else:
             models = [state["params"]] + [e.msg.tensors for e in inbox if e.msg.kind == "weights"]
@@ -313,22 +372,12 @@ class KernelDFL(Algorithm):
         return new, Outbox().broadcast(ctx.neighbors, msg)
 
     # -- step 3: answer the requests of one group -------------------------------------
-    def _scratch_file(self, ctx: NodeContext) -> Optional[str]:
-        if not self.hp.scratch_dir or self.hp.projection != "gaussian":
-            return None
-        if self.hp.scratch_dir not in _SWEPT:
-            os.makedirs(self.hp.scratch_dir, exist_ok=True)
-            sweep_stale_scratch(self.hp.scratch_dir)
-            _SWEPT.add(self.hp.scratch_dir)
-        return os.path.join(self.hp.scratch_dir, f"spark-xp-{os.getpid()}-{ctx.seed}-{ctx.node}.f32")
-
     def reply(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
-              first: bool, g: int = 0, where: Optional[dict] = None, last: bool = True) -> tuple[State, Outbox]:
+              first: bool, last: bool = True) -> tuple[State, Outbox]:
         new = dict(state)
         if first:
             new["requests"] = {e.src: e.msg.tensors for e in inbox if e.msg.kind == "request"}
         reqs = [(s, t) for s, t in sorted(new["requests"].items()) if s in group]
-        requesters = list(new["requests"])
         if last and not self.split_update:  # no later step needs them: free the requests' weights early
             new["requests"] = {}
         me = ctx.node in group
@@ -337,24 +386,15 @@ class KernelDFL(Algorithm):
             return new, out
         ctx.model.eval()
         x, y = self._sample(ctx)
-        weights = [(self._weights_of(ctx, t["theta"]) if self.coords else t) for _, t in reqs]
+        weights = [(self._weights_of(ctx, t["theta"], shared=True) if self.coords else t) for _, t in reqs]
         if me:
             weights.append(state["wbar"])
         f0s = [ntk.logits(ctx.model, w, x) for w in weights]
         jts: list = [None] * len(weights)
         if self.projected:
             proj = self._projection(ctx)
-            path = self._scratch_file(ctx) if proj.structured(ctx.model) else None
-            q_read = q_write = None
-            later = where is not None and any(where.get(s, -1) > g for s in [*requesters, ctx.node])
-            if path is not None:
-                if os.path.exists(path):
-                    q_read = path
-                elif later:
-                    q_write = path
-            jts = proj.jacobian(ctx.model, x, weights, q_read=q_read, q_write=q_write)
-            if path is not None and not later and os.path.exists(path):
-                os.remove(path)
+            q = self._xp(ctx, proj) if proj.structured(ctx.model) and proj.has_xp() else None
+            jts = proj.jacobian(ctx.model, x, weights, q=q)
         c = ctx.num_classes
         labels = y.to(_label_dtype(c))
         d = sum(int(state["params"][n].numel()) for n in self._trainable(ctx))
@@ -523,10 +563,6 @@ class KernelDFL(Algorithm):
 
     # -- step 5: synchronous commit ---------------------------------------------------------
     def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        path = self._scratch_file(ctx)
-        if path is not None:
-            if os.path.exists(path):
-                os.remove(path)
         new: State = {}
         if self.coords:
             new["theta"] = state["next_theta"]
@@ -536,38 +572,6 @@ class KernelDFL(Algorithm):
         if self.hp.momentum > 0:
             new["v"] = state["next_v"]
         return new, Outbox()
-
-
-_SWEPT: set[str] = set()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
-def sweep_stale_scratch(folder: str) -> list[str]:
-    """Remove ``spark-xp-<pid>-*.f32`` files in ``folder`` whose process is gone (a run
-    killed mid-round leaves its ``X P`` products behind: 80 MB per node at the paper's
-    size). Files of live processes are left alone. Returns the removed paths."""
-    removed = []
-    for name in os.listdir(folder):
-        parts = name.split("-")
-        if not (name.startswith("spark-xp-") and name.endswith(".f32") and len(parts) >= 4 and parts[2].isdigit()):
-            continue
-        if not _pid_alive(int(parts[2])):
-            path = os.path.join(folder, name)
-            try:
-                os.remove(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 def requester_groups(plan: RoundPlan, groups: int, round: int, sweeps: int = 30) -> list[list[int]]:
