@@ -282,7 +282,8 @@ class Simulation:
                               f"(protocols {', '.join(self.protocols)}); available: {', '.join(known)}")
         with config_errors("eval"):
             self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
-                                       self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology)
+                                       self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology,
+                                       sample=exp.eval.nodes, seed=exp.seed)
 
     def _default_main(self) -> str:
         main = self.alg.default_main
