@@ -271,6 +271,9 @@ class EvalConfig(_Strict):
     protocols: Optional[list[Literal["global", "personal", "personal_joined", "node_global", "consensus"]]] = None
     every: int = Field(1, ge=1)
     batch_size: int = Field(500, ge=1)
+    #: score `personal` and `node_global` on a fixed sample of this many nodes, drawn once
+    #: from the run's seed (None: every node); cuts their cost in proportion
+    nodes: Optional[int] = Field(None, ge=1)
     target: Optional[float] = Field(None, gt=0, le=1)
     main: Optional[str] = None
     at_round0: bool = True

@@ -40,10 +40,14 @@ class Hyperparams(BaseModel):
 
 @dataclass
 class Envelope:
-    """A delivered message: who sent it and what survived the codec."""
+    """A delivered message: who sent it and what survived the codec.
+
+    ``shared``: ``msg`` is the one decoded copy of a broadcast, held by all its receivers'
+    inboxes (memory); the executor hands the receiver a private clone when it runs."""
 
     src: int
     msg: Message
+    shared: bool = False
 
 
 @dataclass

@@ -191,8 +191,14 @@ class Network:
             self.validator.reject(Rejection(int(round), int(src), int(d), kind, *problem), self.rejections)
 
     def receive(self, data: Optional[bytes], src: int, dsts: "tuple[int, ...] | list[int]", *, round: int,
-                kind: str = "", stand_in: Optional[dict[str, torch.Tensor]] = None) -> dict[int, Message]:
+                kind: str = "", stand_in: Optional[dict[str, torch.Tensor]] = None,
+                share: bool = False) -> dict[int, Message]:
         """Decode ``data`` once and give each of ``dsts`` its own copy, validated for it.
+
+        ``share=True`` gives every accepted receiver the same decoded object instead of
+        a clone each (memory: a broadcast to k receivers held once, not k times); the
+        caller must then hand each receiver a private copy before it runs (the serial
+        executor clones an ``Envelope(shared=True)`` just before the receiver's step).
 
         Counts nothing (see :meth:`record`). With a validator, a refused copy is left out of
         the result and recorded in :attr:`rejections` (or raised under the abort policy);
@@ -214,12 +220,12 @@ class Network:
                 raise
             self._refuse(round, src, dsts, kind, ("malformed", str(exc).splitlines()[0] if str(exc) else "WireError"))
             return {}
-        return self._hand_out(got, src, dsts, round, stand_in)
+        return self._hand_out(got, src, dsts, round, stand_in, share)
 
     def _hand_out(self, got: Message, src: int, dsts: list[int], round: int,
-                  stand_in: Optional[dict[str, torch.Tensor]]) -> dict[int, Message]:
+                  stand_in: Optional[dict[str, torch.Tensor]], share: bool = False) -> dict[int, Message]:
         """Validate a decoded message for each receiver; the first accepted receiver gets
-        ``got`` itself, the others clones."""
+        ``got`` itself, the others clones (or ``got`` too with ``share``)."""
         if stand_in and not got.declared:
             raise ValueError(f"message {got.kind!r}: stand_in given but the message declares no tensor")
         v = self.validator
@@ -230,11 +236,18 @@ class Network:
             if problem is not None:
                 self._refuse(round, src, [d], got.kind, problem)
                 continue
-            out[d] = self._attach(got if not out else got.clone(), stand_in)
+            if share and out:
+                out[d] = next(iter(out.values()))
+            else:
+                out[d] = self._attach(got if not out else got.clone(), stand_in)
         if self.device is not None:  # decoded on the CPU; the receivers compute on the run's device
             from ..device import to_device
 
-            out = {d: to_device(m, self.device) for d, m in out.items()}
+            moved: dict[int, Message] = {}  # by id: a shared message is moved once and stays shared
+            for d, m in out.items():
+                if id(m) not in moved:
+                    moved[id(m)] = to_device(m, self.device)
+                out[d] = moved[id(m)]
         return out
 
     def screen(self, round: int, inboxes: dict[int, list]) -> dict[int, list]:

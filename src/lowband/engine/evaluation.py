@@ -17,6 +17,13 @@
 
 Evaluation is measurement: it runs through the executor on each node's own data, is
 never fed back to training, and never appears in the ledger.
+
+Cost (issue 18 part 4): ``sample`` (``eval.nodes``) restricts ``personal`` and
+``node_global`` to a fixed seeded sample of nodes, drawn once from ``(seed, "eval",
+"nodes")``. ``personal`` of an algorithm whose clients keep no model (everyone is scored
+with the one global model) runs, on an in-process executor, as one forward pass over all
+clients' local test splits concatenated once and kept (:class:`_PooledTests`), split back
+per client: the same logits as one forward per client, so the same metrics.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ import numpy as np
 import torch
 
 from lowband.algorithms.base import SERVER, Algorithm, NodeContext, State
-from lowband.engine.executor import Executor
+from lowband.engine.executor import Executor, SerialExecutor
+from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
-from lowband.train import evaluate, weighted_average
+from lowband.train import evaluate, predict_logits, weighted_average
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -47,9 +55,13 @@ class Evaluator:
     """Runs the configured protocols every ``every`` rounds and returns a flat metric dict."""
 
     def __init__(self, protocols: Sequence[str], algorithm: Algorithm, executor: Executor,
-                 num_nodes: int, test_x: torch.Tensor, test_y: torch.Tensor, batch_size: int = 2000,
-                 topology: Optional[Topology] = None):
+                 num_nodes: int, test_x: torch.Tensor, test_y: torch.Tensor, batch_size: int = 500,
+                 topology: Optional[Topology] = None, sample: Optional[int] = None, seed: int = 0):
         self.protocols = list(protocols)
+        #: the nodes ``personal`` and ``node_global`` score: all, or ``sample`` of them drawn
+        #: once from (seed, "eval", "nodes"), the same every round (design rule 4)
+        self.nodes = sample_nodes(num_nodes, sample, seed)
+        self._pooled: dict[str, _PooledTests] = {}  # per protocol: its nodes' test splits, concatenated
         #: the round plans (``topology.plan(r - 1)`` for round ``r``) tell who has joined
         self.topology = topology
         self._joined: set[int] = set()
@@ -83,8 +95,15 @@ class Evaluator:
         server_params = None
         if use_global and alg.has_server and nodes:
             server_params = self.ex.map_nodes(partial(_server_params, alg=alg), [SERVER], round, plan)[SERVER]
-        fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
-        res = self.ex.map_nodes(fn, nodes, round, plan) if nodes else {}
+        if server_params is not None and self._can_pool(nodes):
+            pooled = self._pooled.get(prefix)
+            if pooled is None or pooled.nodes != tuple(nodes):  # personal_joined: rebuilt when someone joins
+                pooled = self._pooled[prefix] = _PooledTests(self.ex.env.node_data, nodes)  # type: ignore[attr-defined]
+            model = self.ex.model_for(nodes[0])  # type: ignore[attr-defined]
+            res = pooled.evaluate(model, server_params, bs)
+        else:
+            fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
+            res = self.ex.map_nodes(fn, nodes, round, plan) if nodes else {}
         accs = np.array([res[n][0] for n in nodes], dtype=float)
         losses = np.array([res[n][1] for n in nodes], dtype=float)
         ns = np.array([res[n][2] for n in nodes], dtype=float)
@@ -99,12 +118,21 @@ class Evaluator:
             out[f"{prefix}/n"] = float(ok.sum())
         return out
 
+    def _can_pool(self, nodes: Sequence[int]) -> bool:
+        """One forward pass for all ``nodes`` (same model): only where their data lives in
+        this process and they share one architecture."""
+        ex = self.ex
+        if not nodes or type(ex) is not SerialExecutor:
+            return False
+        key = ex.env.model_key
+        return len({key(n) for n in nodes}) == 1
+
     def __call__(self, round: int, plan: RoundPlan) -> dict[str, float]:
         # Per-node work goes through module-level functions with explicit arguments (no
         # closures over this object), so a distributed executor ships each argument once
         # and the global test set (``self._test``, the same object every call) only once.
         out: dict[str, float] = {}
-        nodes = range(self.num_nodes)
+        nodes = self.nodes
         alg, bs, test = self.alg, self.batch_size, self._test
 
         if "global" in self.protocols and alg.has_server:
@@ -125,13 +153,58 @@ class Evaluator:
             out["node_global/acc_std"] = float(np.nanstd(accs))
             out["node_global/loss"] = float(np.nanmean([res[n][1] for n in nodes]))
 
-        if "consensus" in self.protocols:
-            params = self.ex.map_nodes(partial(_node_params, alg=alg), nodes, round, plan)
-            plist = [params[n] for n in nodes if params[n] is not None]
+        if "consensus" in self.protocols:  # the average of ALL nodes' weights, whatever eval.nodes says
+            everyone = range(self.num_nodes)
+            params = self.ex.map_nodes(partial(_node_params, alg=alg), everyone, round, plan)
+            plist = [params[n] for n in everyone if params[n] is not None]
             if plist:
                 avg = weighted_average(plist)
                 res = self.ex.map_nodes(partial(_eval_params, params=avg, test=test, bs=bs), [0], round, plan)[0]
                 out["consensus/acc"], out["consensus/loss"] = res[0], res[1]
+        return out
+
+
+def sample_nodes(num_nodes: int, sample: Optional[int], seed: int) -> list[int]:
+    """All nodes, or ``sample`` of them without replacement from the generator addressed by
+    ``(seed, "eval", "nodes")`` (sorted): one fixed sample for the whole run."""
+    if sample is None:
+        return list(range(num_nodes))
+    if sample > num_nodes:
+        raise ValueError(f"nodes = {sample} exceeds the run's {num_nodes} nodes; leave eval.nodes out to "
+                         f"evaluate every node")
+    pick = np_gen(seed, "eval", "nodes").choice(num_nodes, size=sample, replace=False)
+    return sorted(int(n) for n in pick)
+
+
+class _PooledTests:
+    """The local test splits of ``nodes`` concatenated once (kept between rounds: the data
+    never changes), for scoring one model on all of them in one batched forward pass.
+
+    The logits of a sample do not depend on which other samples share its batch (eval
+    mode, no batch statistics), so slicing them back per node gives each node's
+    :func:`lowband.train.evaluate` result; tests/test_evaluation_speed.py checks equality."""
+
+    def __init__(self, node_data: Sequence[Any], nodes: Sequence[int]):
+        self.nodes = tuple(int(n) for n in nodes)
+        xs = [node_data[n].test_x for n in self.nodes]
+        self.y = [node_data[n].test_y for n in self.nodes]
+        self.x = torch.cat(xs) if xs else torch.empty(0)
+        self.offsets = np.cumsum([0] + [int(y.shape[0]) for y in self.y]).tolist()
+
+    def evaluate(self, model: torch.nn.Module, params: dict[str, torch.Tensor], bs: int) -> dict[int, tuple]:
+        if not self.offsets[-1]:
+            return {n: (float("nan"), float("nan"), 0) for n in self.nodes}
+        logits = predict_logits(model, params, self.x, bs)
+        out: dict[int, tuple] = {}
+        for i, n in enumerate(self.nodes):
+            y = self.y[i]
+            if y.numel() == 0:
+                out[n] = (float("nan"), float("nan"), 0)
+                continue
+            part = logits[self.offsets[i]:self.offsets[i + 1]]
+            loss = float(torch.nn.functional.cross_entropy(part, y, reduction="mean"))
+            acc = float((part.argmax(1) == y).float().mean())
+            out[n] = (acc, loss, int(y.shape[0]))
         return out
 
 

@@ -116,7 +116,10 @@ class SerialExecutor:
             torch.manual_seed(derive_seed(self.env.seed, "torch", round, node, step.name))
             ctx = self.context(node, round, plan)
             before = diverged_count()
-            new_state, outbox = step.fn(ctx, self.states[node], inboxes.get(node, []))
+            # a broadcast's decoded message is held once for all receivers (memory); each
+            # receiver gets its own copy only now, for its step, so the copies do not pile up
+            inbox = [Envelope(e.src, e.msg.clone()) if e.shared else e for e in inboxes.get(node, [])]
+            new_state, outbox = step.fn(ctx, self.states[node], inbox)
             if diverged_count() != before:
                 self.diverged.append((round, node))
             self.states[node] = new_state

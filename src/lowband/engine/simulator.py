@@ -295,7 +295,8 @@ class Simulation:
                               f"(protocols {', '.join(self.protocols)}); available: {', '.join(known)}")
         with config_errors("eval"):
             self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
-                                       self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology)
+                                       self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology,
+                                       sample=exp.eval.nodes, seed=exp.seed)
 
     def _default_main(self) -> str:
         main = self.alg.default_main
@@ -330,8 +331,10 @@ class Simulation:
                 if not deliver:
                     continue
                 dsts = faults.deliverable(src, dsts) if faults.any else dsts
-                for dst, m in net.receive(t.data, src, dsts, round=round, kind=t.kind, stand_in=t.stand_in).items():
-                    inboxes.setdefault(dst, []).append(Envelope(src, m))
+                shared = len(dsts) > 1  # held once; the executor clones it for each receiver's step
+                for dst, m in net.receive(t.data, src, dsts, round=round, kind=t.kind, stand_in=t.stand_in,
+                                          share=shared).items():
+                    inboxes.setdefault(dst, []).append(Envelope(src, m, shared))
         inboxes = net.screen(round, inboxes)
         # the order the Ray executor reports them in (it only changes which one is logged)
         net.rejections[start:] = sorted(net.rejections[start:], key=lambda x: (x.src, x.dst, x.reason, x.kind))
@@ -455,6 +458,7 @@ class Simulation:
                 for k, step in enumerate(steps):
                     outboxes = self.executor.run_step(step, r, round_plan, inboxes)
                     inboxes = self.route(r, outboxes, faults, deliver=k < len(steps) - 1)
+                    del outboxes  # the sent messages are not held through the next step (memory)
             if faults.late:  # late nodes that sent something this round (counted, not delivered)
                 cols = self.ledger.columns()
                 self._note(r, "faults/late", len(faults.late & set(cols["src"][cols["round"] == r].tolist())))
