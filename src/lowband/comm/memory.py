@@ -41,7 +41,9 @@ def _residual(state: dict[str, Tensor], key: str, like: Tensor, spec: str) -> Op
     e = state.get(key)
     if e is not None and e.shape != like.shape:
         raise ValueError(f"codec {spec}: the kept residual has shape {tuple(e.shape)}, the tensor "
-                         f"{tuple(like.shape)} (a tensor of one name must keep its shape on a link)")
+                         f"{tuple(like.shape)} (a tensor of one name must keep its shape on a link: an algorithm "
+                         f"whose messages change shape lists their kind in Algorithm.unaligned_kinds, "
+                         f"and a stateless codec must carry them)")
     return e
 
 
