@@ -90,3 +90,16 @@ def test_every_other_message_keeps_its_shapes_under_error_feedback(tmp_path: Pat
         sim.run()
     # the state was really kept (DisPFL, FedSPU send only unaligned tensors; local sends nothing)
     assert bool(sim.network.codec_states) == (name not in ("dispfl", "fedspu", "local")), name
+
+
+@pytest.mark.parametrize("spec", ["ef21(topk(0.01))", "ef21", "topk(0.01)+ef21(sign)"])
+def test_ef21_is_refused_with_the_reason_and_the_alternative(tmp_path: Path, spec: str) -> None:
+    """EF21 needs receiver state that drifts on every dropped or refused message; until the
+    network commits codec state on delivery it is refused, one line, naming ef(...)."""
+    cfg = digits_config(tmp_path, "fedavg", upload="delta")
+    cfg["comm"] = {"by_kind": {"delta": spec}}
+    with pytest.raises(ConfigError) as exc:
+        validate(cfg)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("comm.by_kind.delta: codec 'ef21' is not available"), msg
+    assert "receiver" in msg and "ef(topk(0.01))" in msg, msg

@@ -33,6 +33,12 @@ from .codecs import (
     is_stateful,
 )
 
+EF21_REFUSAL = ("codec 'ef21' is not available: EF21 (Richtarik et al. 2021) keeps g_i at the receiver too, "
+                "and every message that is dropped (dropout, deadline) or refused (validator) would leave the "
+                "receiver's g_i behind the sender's for the rest of the run; lowband does not yet commit codec "
+                "state on delivery, so use ef(<codec>) (sender-side error feedback, e.g. ef(topk(0.01)))")
+"""Why ``ef21(...)`` is refused (docs/user-guide.md, "Codecs with state")."""
+
 MAX_POWERSGD_RANK = 32
 """Largest rank of ``powersgd(r)``: decode costs ``r`` multiply-adds per decoded element."""
 
