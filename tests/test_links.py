@@ -494,3 +494,22 @@ def test_energy_follows_the_ledger_and_resumes(tmp_path: Path) -> None:
         Simulation(validate(c), progress=boom).run()
     Simulation(validate(c), resume=True).run()
     assert (Path(c["out_dir"]) / "metrics.jsonl").read_text() == (Path(res.run_dir) / "metrics.jsonl").read_text()
+
+
+def test_compare_plots_against_simulated_time(tmp_path: Path) -> None:
+    """`lowband compare` draws accuracy vs cumulative simulated time (time/sim_s) beside the
+    bytes plot when the runs have [links], and only then."""
+    from lowband.report import _x, compare
+
+    runs = []
+    for preset in ("lte", "lorawan_sf12"):
+        c = digits_config(tmp_path / preset, "fedavg", rounds=2)
+        c["links"] = {"preset": preset}
+        runs.append(_run(c)[2])
+    _, paths = compare(runs, tmp_path / "cmp")
+    assert [p.name for p in paths] == ["accuracy_vs_round.png", "accuracy_vs_bytes.png", "accuracy_vs_time.png"]
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    last = _run(digits_config(tmp_path / "plain", "fedavg", rounds=2))[0][-1]
+    assert _x(last, "time/sim_s") is None and _x({"time/sim_s": 3}, "time/sim_s") == 3.0
+    _, plain = compare([tmp_path / "plain" / "run-fedavg"], tmp_path / "cmp2")
+    assert [p.name for p in plain] == ["accuracy_vs_round.png", "accuracy_vs_bytes.png"]
