@@ -518,17 +518,22 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
             if "energy/j" in recs[-1]:
                 row[f"{name}_j"] = recs[-1]["energy/j"]
         rows.append(row)
-    cols = ["method", "codec", "final", "bytes_up", "bytes_total", "rank_bytes", "pareto_bytes", "bytes_to_target"]
+    cols = ["method", "codec", "final", "bytes_up", "bytes_total", "rank_bytes", "pareto_bytes", "bytes_to_target",
+            "rank_bytes_to_target"]
     for r, k in zip(rows, _rank([r["bytes_total"] for r in rows])):
         r["rank_bytes"] = k
+    for r, k in zip(rows, _rank([r["bytes_to_target"] for r in rows])):
+        r["rank_bytes_to_target"] = k
     for r, m in zip(rows, pareto_mask([(r["final"], r["bytes_total"]) for r in rows])):
         r["pareto_bytes"] = m
     for name in presets:
         for r, k in zip(rows, _rank([r[f"{name}_s"] for r in rows])):
             r[f"rank_{name}"] = k
+        for r, k in zip(rows, _rank([r[f"{name}_to_target_s"] for r in rows])):
+            r[f"rank_{name}_to_target"] = k
         for r, m in zip(rows, pareto_mask([(r["final"], r[f"{name}_s"]) for r in rows])):
             r[f"pareto_{name}"] = m
-        cols += [f"{name}_s", f"rank_{name}", f"pareto_{name}", f"{name}_to_target_s"]
+        cols += [f"{name}_s", f"rank_{name}", f"pareto_{name}", f"{name}_to_target_s", f"rank_{name}_to_target"]
         if any(f"{name}_j" in r for r in rows):
             cols.append(f"{name}_j")
     atomic_write_text(out / "retime.csv", records_csv_text(rows, cols))
@@ -540,34 +545,50 @@ def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> s
     """The re-timed table (ranks 1 = cheapest; ``*`` Pareto-optimal: no other cell reaches
     at least its final metric for less) and the cells whose rank by time differs from their
     rank by bytes."""
+    from lowband.comm.links import format_seconds
     from lowband.report import fmt_bytes
 
-    head = ["method", "codec", "final %", "total bytes (rank)", "Pareto bytes"]
+    def t(v: Optional[float]) -> str:
+        return "-" if v is None else format_seconds(float(v))
+
+    def ranked(text: str, rank: Optional[int]) -> str:
+        return text if rank is None else f"{text} ({rank})"
+
+    head = ["method", "codec", "final %", "total bytes", "Pareto bytes", "bytes to target"]
     for name in presets:
-        head += [f"{name}: sim time (rank)", f"Pareto {name}", f"{name}: time to target"]
+        head += [f"{name}: sim time", f"Pareto {name}", f"{name}: time to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}", f"{fmt_bytes(r['bytes_total'])} ({r['rank_bytes']})",
-                 "*" if r["pareto_bytes"] else ""]
+        btt = r["bytes_to_target"]
+        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}", ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
+                 "*" if r["pareto_bytes"] else "", ranked(fmt_bytes(btt) if btt is not None else "-", r["rank_bytes_to_target"])]
         for name in presets:
-            cells += [f"{_fmt_s(r[f'{name}_s'])} ({r[f'rank_{name}']})", "*" if r[f"pareto_{name}"] else "",
-                      _fmt_s(r[f"{name}_to_target_s"])]
+            cells += [ranked(t(r[f"{name}_s"]), r[f"rank_{name}"]), "*" if r[f"pareto_{name}"] else "",
+                      ranked(t(r[f"{name}_to_target_s"]), r[f"rank_{name}_to_target"])]
         lines.append("| " + " | ".join(cells) + " |")
-    diffs = []
+
+    def order(key: str) -> str:
+        got = sorted((r[key], f"{r['method']}/{r['codec']}") for r in rows if r[key] is not None)
+        return " < ".join(c for _, c in got) or "(none)"
+
+    diffs = [f"- to target, by bytes: {order('rank_bytes_to_target')}"]
     for name in presets:
-        moved = [f"{r['method']} / `{r['codec']}` ({r['rank_bytes']} -> {r[f'rank_{name}']})" for r in rows
+        same = all(r[f"rank_{name}_to_target"] == r["rank_bytes_to_target"] for r in rows)
+        diffs.append(f"- to target, by time on `{name}`: {order(f'rank_{name}_to_target')}"
+                     + (" (the same)" if same else " (differs)"))
+    for name in presets:
+        moved = [f"{r['method']}/{r['codec']} {r['rank_bytes']} -> {r[f'rank_{name}']}" for r in rows
                  if r[f"rank_{name}"] != r["rank_bytes"]]
-        front = {(r["method"], r["codec"]) for r in rows if r[f"pareto_{name}"]}
-        fb = {(r["method"], r["codec"]) for r in rows if r["pareto_bytes"]}
-        line = f"- `{name}`: " + ("rank by time = rank by bytes for every cell" if not moved else
-                                  "rank by bytes -> by time: " + ", ".join(moved))
+        front = {f"{r['method']}/{r['codec']}" for r in rows if r[f"pareto_{name}"]}
+        fb = {f"{r['method']}/{r['codec']}" for r in rows if r["pareto_bytes"]}
+        line = f"- whole run on `{name}`: " + ("rank by time = rank by total bytes" if not moved else
+                                               "rank by total bytes -> by time: " + ", ".join(moved))
         if front != fb:
-            line += ("; Pareto set differs: " + ", ".join(f"+{m}/{c}" for m, c in sorted(front - fb))
-                     + (" " if front - fb and fb - front else "") + ", ".join(f"-{m}/{c}" for m, c in sorted(fb - front)))
+            line += "; Pareto set " + ", ".join([f"+{c}" for c in sorted(front - fb)] + [f"-{c}" for c in sorted(fb - front)])
         diffs.append(line)
-    return ("Ranks: 1 = fewest total bytes / least simulated time over the run; `*`: Pareto-optimal "
-            "(no other cell reaches at least its final metric for less).\n\n" + "\n".join(lines) + "\n\n"
-            + "Where the ranking by time differs from the ranking by bytes:\n\n" + "\n".join(diffs) + "\n")
+    return ("Ranks in parentheses (1 = fewest bytes / least simulated time; to target: among the cells that "
+            "reach it); `*`: Pareto-optimal (no other cell reaches at least its final metric for less).\n\n"
+            + "\n".join(lines) + "\n\nRankings by bytes and by time:\n\n" + "\n".join(diffs) + "\n")
 
 
 def cmd_retime(args: Any) -> int:
