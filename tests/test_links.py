@@ -273,7 +273,7 @@ def _run(cfg: dict) -> tuple[list[dict], dict, Path]:
 
 
 def _strip_time(recs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "energy/"))} for r in recs]
 
 
 def test_without_links_nothing_changes_and_links_only_add_time(tmp_path: Path) -> None:
@@ -290,8 +290,10 @@ def test_without_links_nothing_changes_and_links_only_add_time(tmp_path: Path) -
     assert _strip_time(timed) == plain
     assert (d_timed / "ledger.csv").read_bytes() == (d_plain / "ledger.csv").read_bytes()
     assert s_timed["final"]["time/sim_s"] == timed[-1]["time/sim_s"] == s_timed["sim_time_s"]
-    s_timed["final"] = {k: v for k, v in s_timed["final"].items() if not k.startswith("time/")}
-    assert {k: v for k, v in s_timed.items() if k not in ("sim_time_s", "time_to_target_s")} == s_plain
+    assert not any(k.startswith("energy") for r in plain for k in r) and "energy_j" not in s_plain
+    s_timed["final"] = {k: v for k, v in s_timed["final"].items() if not k.startswith(("time/", "energy/"))}
+    added = ("sim_time_s", "time_to_target_s", "energy_j", "energy_to_target_j")
+    assert {k: v for k, v in s_timed.items() if k not in added} == s_plain
 
 
 def test_fedavg_digits_over_lorawan_sf12_time_follows_the_ledger(tmp_path: Path) -> None:
@@ -435,3 +437,79 @@ def test_cli_run_prints_the_simulated_time(capsys, tmp_path: Path) -> None:
     assert "; simulated link time 16.3 h ->" in out, out
     assert main(["run", str(path), "--out", str(tmp_path / "plain"), "--quiet"]) == 0
     assert "simulated" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ energy
+def test_energy_per_byte_figures() -> None:
+    """SX1276 (3.3 V, 29 mA TX / 10.8 mA RX) over a full SF12 frame; LTE by the Huang et al.
+    model at the preset's rates; no figure: no energy."""
+    assert SF12.up.power_w == pytest.approx(0.0957) and SF12.down.power_w == pytest.approx(0.03564)
+    full = transmit(SF12.up, 51)  # one full frame: 2.793 s on the air
+    assert SF12.up.joules_per_byte == pytest.approx(0.0957 * full.airtime / 51)
+    assert PRESETS["lte"].up.power_w == pytest.approx(3.47999) and PRESETS["lte"].down.power_w == pytest.approx(2.32744)
+    for name in ("nbiot", "ltem", "wifi", "leo_uhf"):
+        assert PRESETS[name].up.power_w is None and PRESETS[name].down.joules_per_byte is None
+    assert not LinkModel(PRESETS["lte"], {3: PRESETS["wifi"]}).has_energy
+
+
+def test_energy_follows_the_ledger_and_resumes(tmp_path: Path) -> None:
+    """energy/round_j is the nodes' radio power x airtime of every ledger row (TX for
+    uploads, RX for downloads), energy/j its running sum, energy_j in the summary; a
+    preset without figures writes no energy key; a cut and resumed run writes the same."""
+    def cfg(root: Path, preset: str = "lorawan_sf12") -> dict:
+        c = digits_config(root, "fedavg", rounds=3)
+        c["links"] = {"preset": preset}
+        return c
+
+    sim = Simulation(validate(cfg(tmp_path / "a")))
+    res = sim.run()
+    cols = sim.ledger.columns()
+    total = 0.0
+    for rec in res.metrics[1:]:
+        m = np.flatnonzero(cols["round"] == rec["round"])
+        want = 0.0
+        for i in m:
+            b = int(cols["encoded"][i] + cols["declared"][i])
+            d = SF12.down if int(cols["src"][i]) == SERVER else SF12.up
+            want += float(d.power_w) * transmit(d, b).airtime
+        assert want > 0 and rec["energy/round_j"] == pytest.approx(want, rel=1e-12)
+        total += want
+        assert rec["energy/j"] == pytest.approx(total, rel=1e-12)
+    assert res.summary["energy_j"] == pytest.approx(total, rel=1e-12)
+    wifi = _run(cfg(tmp_path / "w", "wifi"))
+    assert not any(k.startswith("energy") for r in wifi[0] for k in r) and "energy_j" not in wifi[1]
+    own = cfg(tmp_path / "o", "wifi")  # a figure of one's own radio: links.up.power_w / down.power_w
+    own["links"].update(up={"power_w": 1.0}, down={"power_w": 0.5})
+    assert _run(own)[0][-1]["energy/j"] > 0
+
+    class Stop(Exception):
+        pass
+
+    def boom(r: int, total: int, rec: dict) -> None:
+        if r == 2:
+            raise Stop
+
+    c = cfg(tmp_path / "cut")
+    with pytest.raises(Stop):
+        Simulation(validate(c), progress=boom).run()
+    Simulation(validate(c), resume=True).run()
+    assert (Path(c["out_dir"]) / "metrics.jsonl").read_text() == (Path(res.run_dir) / "metrics.jsonl").read_text()
+
+
+def test_compare_plots_against_simulated_time(tmp_path: Path) -> None:
+    """`lowband compare` draws accuracy vs cumulative simulated time (time/sim_s) beside the
+    bytes plot when the runs have [links], and only then."""
+    from lowband.report import _x, compare
+
+    runs = []
+    for preset in ("lte", "lorawan_sf12"):
+        c = digits_config(tmp_path / preset, "fedavg", rounds=2)
+        c["links"] = {"preset": preset}
+        runs.append(_run(c)[2])
+    _, paths = compare(runs, tmp_path / "cmp")
+    assert [p.name for p in paths] == ["accuracy_vs_round.png", "accuracy_vs_bytes.png", "accuracy_vs_time.png"]
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    last = _run(digits_config(tmp_path / "plain", "fedavg", rounds=2))[0][-1]
+    assert _x(last, "time/sim_s") is None and _x({"time/sim_s": 3}, "time/sim_s") == 3.0
+    _, plain = compare([tmp_path / "plain" / "run-fedavg"], tmp_path / "cmp2")
+    assert [p.name for p in plain] == ["accuracy_vs_round.png", "accuracy_vs_bytes.png"]

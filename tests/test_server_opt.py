@@ -281,3 +281,29 @@ def test_scaffold_traffic_is_twice_fedavgs_and_c_stays_the_mean_of_the_c_i(tmp_p
     for k in c:
         torch.testing.assert_close(c[k], sum(ci[k] for ci in c_i) / 8, rtol=1e-4, atol=1e-6)
         assert c[k].abs().sum() > 0
+
+
+def test_lowband_list_shows_every_server_optimiser_with_its_defaults(capsys) -> None:
+    """`lowband list server_opts`: each optimiser, Reddi et al.'s defaults, and its state; the
+    full `lowband list` holds codecs (with state), server optimisers and link presets (with
+    parameters and, where a figure exists, radio power)."""
+    import re
+
+    from lowband.algorithms.server.server_opt import SERVER_OPTS
+    from lowband.cli import main
+    from lowband.comm.links import PRESETS
+
+    assert main(["list", "server_opts"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[1:]}
+    assert set(lines) == set(SERVER_OPTS)
+    assert "[server_lr=0.01, beta1=0.9, beta2=0.99, tau=0.001] [state: m, v]" in lines["adam"]
+    assert "[server_lr=0.01, beta1=0.9, beta2=0.99, tau=0.001]" in lines["yogi"]
+    assert "[server_lr=0.1, beta1=0.9, tau=0.001]" in lines["adagrad"]
+    assert "[server_lr=1.0, server_momentum=0.9] [state: m]" in lines["avgm"]
+    assert main(["list"]) == 0
+    full = capsys.readouterr().out
+    for head in ("codecs", "server_opts:", "links:"):
+        assert re.search(rf"^{head}", full, re.M), head
+    assert all(f"  {name} " in full for name in PRESETS)
+    assert "[state: residual e per sender" in full and "radio 3.48 W" in full

@@ -158,6 +158,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name, info in TOPOLOGIES.items():
             params = ", ".join(f"{k}={v!r}" for k, v in topology_defaults(name).items())
             print(f"  {name:<14} {info['description']}" + (f"  [{params}]" if params else ""))
+    if what in (None, "server_opts"):
+        from lowband.algorithms.server.fedavg import FedAvgHP
+        from lowband.algorithms.server.server_opt import SERVER_OPT_INFO, server_opt_params
+
+        print("server_opts: (algorithm.server_opt of fedavg and fedprox, keys with their defaults; state: the "
+              "server's, checkpointed; SCAFFOLD is an algorithm)")
+        for name, info in SERVER_OPT_INFO.items():
+            params = ", ".join(f"{k}={v!r}" for k, v in server_opt_params(name, FedAvgHP.model_fields).items())
+            state = {"sgd": "none", "avgm": "m"}.get(name, "m, v")
+            print(f"  {name:<8} {info}  [{params}] [state: {state}]")
     if what in (None, "links"):
         from lowband.comm.links import PRESETS, describe
 
@@ -327,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies, "
                                      "link presets")
-    ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies", "links"])
+    ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies", "server_opts",
+                                                    "links"])
     ls.set_defaults(fn=cmd_list)
 
     d = sub.add_parser("demo", help="several algorithms on the embedded digits data (no files needed)")

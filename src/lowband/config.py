@@ -210,6 +210,8 @@ class LinkDirectionConfig(_Strict):
     frame_overhead: Optional[int] = Field(None, ge=0)
     frame_time_s: Optional[float] = Field(None, ge=0)
     duty_cycle: Optional[float] = Field(None, gt=0, le=1)
+    power_w: Optional[float] = Field(None, ge=0, description="the node's radio power (W) on this direction: "
+                                     "transmit (up) or receive (down); adds energy/j")
 
 
 class LinksConfig(_Strict):

@@ -170,7 +170,8 @@ def _rounds_to(metrics: list[dict[str, Any]], key: str, target: Optional[float])
 
 
 def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] = None) -> list[Path]:
-    """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out_dir``."""
+    """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out_dir``, and accuracy_vs_time.png
+    (against cumulative simulated link time, ``time/sim_s``) when a run has ``[links]``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,25 +179,28 @@ def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for xkey, fname, xlabel in (("round", "accuracy_vs_round.png", "round"),
-                                ("bytes", "accuracy_vs_bytes.png", "cumulative bytes sent (encoded + declared)")):
+    panels = [("round", "accuracy_vs_round.png", "round"),
+              ("bytes", "accuracy_vs_bytes.png", "cumulative bytes sent (encoded + declared)")]
+    if any("time/sim_s" in rec for run in runs for r in (run.seeds or [run]) for rec in r.metrics):
+        panels.append(("time/sim_s", "accuracy_vs_time.png", "cumulative simulated link time (s, [links])"))
+    for xkey, fname, xlabel in panels:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for run in runs:
             key = metric or run.summary.get("main_metric", "")
             if run.seeds:
                 band = mean_band([r.metrics for r in run.seeds], key, xkey)
                 if band:
-                    plot_band(ax, *band, label=f"{run.label} ({key})", scale=100, logx_positive=xkey == "bytes")
+                    plot_band(ax, *band, label=f"{run.label} ({key})", scale=100, logx_positive=xkey != "round")
                 continue
             pts = [(r, m) for r, m in ((_x(rec, xkey), rec.get(key)) for rec in run.metrics) if m is not None and r is not None]
-            if xkey == "bytes":
+            if xkey != "round":  # log axes: round 0 (nothing sent, no time) has no place
                 pts = [(x, y) for x, y in pts if x > 0]
             if not pts:
                 continue
             xs, ys = zip(*pts)
             ax.plot(xs, [100 * y for y in ys], marker="o" if len(xs) < 30 else None, ms=3,
                     label=f"{run.label} ({key})")
-        if xkey == "bytes":
+        if xkey != "round":
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("accuracy (%)")
@@ -248,6 +252,9 @@ def plot_band(ax: Any, xs: Sequence[float], mean: Sequence[float], lo: Sequence[
 def _x(rec: dict[str, Any], xkey: str) -> Optional[float]:
     if xkey == "round":
         return rec.get("round")
+    if xkey != "bytes":  # a metric, e.g. time/sim_s (runs without [links] have none)
+        v = rec.get(xkey)
+        return None if v is None else float(v)
     return float(rec.get("bytes/total", 0) or 0) + float(rec.get("declared/total", 0) or 0)
 
 

@@ -405,6 +405,202 @@ def run_frontier(raw: dict[str, Any], methods: str | Sequence[tuple[str, dict[st
     return FrontierResult(out_dir, cells, rows, ran)
 
 
+# --------------------------------------------------------------------------- re-timing
+
+
+def _read_ledger(path: Path) -> Any:
+    """A :class:`~lowband.comm.ledger.Ledger` with the rows of a run's ``ledger.csv``, in order."""
+    import csv
+
+    from lowband.comm.ledger import Ledger
+
+    led = Ledger()
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            led.record(int(row["round"]), int(row["src"]), int(row["dst"]), row["direction"], row["kind"],
+                       int(row["bytes"]), int(row["declared"] or 0))
+    return led
+
+
+def retime_run(run_dir: str | Path, presets: Sequence[str], data_dir: Optional[str] = None
+               ) -> dict[str, list[dict[str, float]]]:
+    """Simulated time of a finished run on other links, without training again: the run's
+    ``ledger.csv`` replayed under each preset (every node on it), with each node's local
+    compute seconds from the run's config (``links.device_flops``, ``links.compute_s``; the
+    federation is built for the sample counts, nothing is trained). Returns, per preset, one
+    ``{"round", "time/round_s", "time/sim_s"[, "energy/round_j", "energy/j"]}`` per round.
+
+    A run with ``links.deadline_s`` is refused: its ledger depends on its own link."""
+    import tempfile
+
+    import tomllib
+
+    from lowband.comm import links as lk
+    from lowband.engine.simulator import Simulation
+
+    d = Path(run_dir)
+    for f in ("config.toml", "ledger.csv", "summary.json"):
+        if not (d / f).exists():
+            raise ConfigError(f"retime: {d} has no {f} (not a finished lowband run folder)")
+    bad = [p for p in presets if p not in lk.PRESETS]
+    if bad or not presets:
+        raise ConfigError(f"retime: unknown link preset {bad[0] if bad else ''!r}; available: {', '.join(lk.PRESETS)}")
+    raw = tomllib.loads((d / "config.toml").read_text())
+    old = raw.get("links") or {}
+    if old.get("deadline_s") is not None:
+        raise ConfigError(f"retime: {d} ran with links.deadline_s, which dropped replies by its own link's "
+                          f"timing; its ledger cannot be re-timed on another link")
+    raw["links"] = {k: v for k, v in old.items() if k in ("device_flops", "compute_s")} | {"preset": presets[0]}
+    if data_dir:
+        raw.setdefault("data", {})["data_dir"] = str(data_dir)
+    rounds = int(raw.get("rounds", 0))
+    led = _read_ledger(d / "ledger.csv")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw["out_dir"] = str(Path(tmp) / "run")
+        sim = Simulation(validate(raw))  # builds the federation and the compute times; trains nothing
+        base = sim.timer.model  # type: ignore[union-attr]
+    out: dict[str, list[dict[str, float]]] = {}
+    for name in presets:
+        model = lk.LinkModel(lk.PRESETS[name], {}, list(base.compute_s), None, base.retransmissions, base.seed)
+        timer = lk.LinkTimer(model)
+        recs = []
+        for r in range(1, rounds + 1):
+            timer.finish(led, r)
+            recs.append({"round": r, **timer.record(r)})
+        out[name] = recs
+    return out
+
+
+RETIME_FILES = ("retime.csv", "retime.md")
+
+
+def _rank(values: Sequence[Optional[float]]) -> list[Optional[int]]:
+    """1-based rank of each value (smallest first; ties share the rank); None stays None."""
+    got = sorted(v for v in values if v is not None)
+    return [None if v is None else got.index(v) + 1 for v in values]
+
+
+def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: Optional[str] = None
+                    ) -> list[dict[str, Any]]:
+    """Re-time every finished cell of a frontier folder (``frontier.csv``) under each preset
+    (:func:`retime_run`) and write ``retime.csv`` and ``retime.md`` there: per cell the final
+    metric, total bytes and bytes-to-target with their rank, then per preset the simulated
+    time, time-to-target, their ranks and the Pareto marks; the Markdown lists where the
+    ranking by time differs from the ranking by bytes."""
+    import csv
+
+    from lowband.engine.runlog import RunLog, atomic_write_text
+    from lowband.export import records_csv_text
+
+    out = Path(frontier_dir)
+    if not (out / "frontier.csv").exists():
+        raise ConfigError(f"retime: {out} has no frontier.csv (run `lowband frontier` first)")
+    with open(out / "frontier.csv", newline="") as f:
+        cells = [r for r in csv.DictReader(f) if r["status"] == "ok" and r.get("dir")]
+    if not cells:
+        raise ConfigError(f"retime: {out}/frontier.csv lists no finished cell")
+    rows: list[dict[str, Any]] = []
+    for c in cells:
+        d = out / c["dir"]
+        if c.get("seeds"):
+            raise ConfigError("retime: a frontier with --seeds is not supported yet; re-time its seed folders one by one")
+        summary = json.loads((d / "summary.json").read_text())
+        hit = summary.get("rounds_to_target")
+        metrics = RunLog.read_jsonl(d / "metrics.jsonl")
+        last = max(metrics, key=lambda m: int(m["round"]))
+        row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "final": float(c["final"]),
+                               "bytes_up": float(last.get("bytes/up", 0)),
+                               "bytes_total": float(last.get("bytes/total", 0)) + float(last.get("declared/total", 0)),
+                               "bytes_to_target": summary.get("bytes_to_target")}
+        for name, recs in retime_run(d, presets, data_dir).items():
+            row[f"{name}_s"] = recs[-1]["time/sim_s"]
+            row[f"{name}_to_target_s"] = recs[hit - 1]["time/sim_s"] if hit else None
+            if "energy/j" in recs[-1]:
+                row[f"{name}_j"] = recs[-1]["energy/j"]
+        rows.append(row)
+    cols = ["method", "codec", "final", "bytes_up", "bytes_total", "rank_bytes", "pareto_bytes", "bytes_to_target",
+            "rank_bytes_to_target"]
+    for r, k in zip(rows, _rank([r["bytes_total"] for r in rows])):
+        r["rank_bytes"] = k
+    for r, k in zip(rows, _rank([r["bytes_to_target"] for r in rows])):
+        r["rank_bytes_to_target"] = k
+    for r, m in zip(rows, pareto_mask([(r["final"], r["bytes_total"]) for r in rows])):
+        r["pareto_bytes"] = m
+    for name in presets:
+        for r, k in zip(rows, _rank([r[f"{name}_s"] for r in rows])):
+            r[f"rank_{name}"] = k
+        for r, k in zip(rows, _rank([r[f"{name}_to_target_s"] for r in rows])):
+            r[f"rank_{name}_to_target"] = k
+        for r, m in zip(rows, pareto_mask([(r["final"], r[f"{name}_s"]) for r in rows])):
+            r[f"pareto_{name}"] = m
+        cols += [f"{name}_s", f"rank_{name}", f"pareto_{name}", f"{name}_to_target_s", f"rank_{name}_to_target"]
+        if any(f"{name}_j" in r for r in rows):
+            cols.append(f"{name}_j")
+    atomic_write_text(out / "retime.csv", records_csv_text(rows, cols))
+    atomic_write_text(out / "retime.md", retime_markdown(rows, presets))
+    return rows
+
+
+def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> str:
+    """The re-timed table (ranks 1 = cheapest; ``*`` Pareto-optimal: no other cell reaches
+    at least its final metric for less) and the cells whose rank by time differs from their
+    rank by bytes."""
+    from lowband.comm.links import format_seconds
+    from lowband.report import fmt_bytes
+
+    def t(v: Optional[float]) -> str:
+        return "-" if v is None else format_seconds(float(v))
+
+    def ranked(text: str, rank: Optional[int]) -> str:
+        return text if rank is None else f"{text} ({rank})"
+
+    head = ["method", "codec", "final %", "total bytes", "Pareto bytes", "bytes to target"]
+    for name in presets:
+        head += [f"{name}: sim time", f"Pareto {name}", f"{name}: time to target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        btt = r["bytes_to_target"]
+        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}", ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
+                 "*" if r["pareto_bytes"] else "", ranked(fmt_bytes(btt) if btt is not None else "-", r["rank_bytes_to_target"])]
+        for name in presets:
+            cells += [ranked(t(r[f"{name}_s"]), r[f"rank_{name}"]), "*" if r[f"pareto_{name}"] else "",
+                      ranked(t(r[f"{name}_to_target_s"]), r[f"rank_{name}_to_target"])]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    def order(key: str) -> str:
+        got = sorted((r[key], f"{r['method']}/{r['codec']}") for r in rows if r[key] is not None)
+        return " < ".join(c for _, c in got) or "(none)"
+
+    diffs = [f"- to target, by bytes: {order('rank_bytes_to_target')}"]
+    for name in presets:
+        same = all(r[f"rank_{name}_to_target"] == r["rank_bytes_to_target"] for r in rows)
+        diffs.append(f"- to target, by time on `{name}`: {order(f'rank_{name}_to_target')}"
+                     + (" (the same)" if same else " (differs)"))
+    for name in presets:
+        moved = [f"{r['method']}/{r['codec']} {r['rank_bytes']} -> {r[f'rank_{name}']}" for r in rows
+                 if r[f"rank_{name}"] != r["rank_bytes"]]
+        front = {f"{r['method']}/{r['codec']}" for r in rows if r[f"pareto_{name}"]}
+        fb = {f"{r['method']}/{r['codec']}" for r in rows if r["pareto_bytes"]}
+        line = f"- whole run on `{name}`: " + ("rank by time = rank by total bytes" if not moved else
+                                               "rank by total bytes -> by time: " + ", ".join(moved))
+        if front != fb:
+            line += "; Pareto set " + ", ".join([f"+{c}" for c in sorted(front - fb)] + [f"-{c}" for c in sorted(fb - front)])
+        diffs.append(line)
+    return ("Ranks in parentheses (1 = fewest bytes / least simulated time; to target: among the cells that "
+            "reach it); `*`: Pareto-optimal (no other cell reaches at least its final metric for less).\n\n"
+            + "\n".join(lines) + "\n\nRankings by bytes and by time:\n\n" + "\n".join(diffs) + "\n")
+
+
+def cmd_retime(args: Any) -> int:
+    """``lowband retime FRONTIER_DIR --links lte,lorawan_sf12 [--data-dir]``."""
+    presets = [p.strip() for p in args.links.split(",") if p.strip()]
+    retime_frontier(args.frontier, presets, args.data_dir)
+    out = Path(args.frontier)
+    print((out / "retime.md").read_text())
+    print("wrote " + ", ".join(str(out / f) for f in RETIME_FILES))
+    return 0
+
+
 def cmd_frontier(args: Any) -> int:
     """``lowband frontier CONFIG --methods ... --codecs ... [--seeds] [--link] [--target] [--out] [--workers]``."""
     from lowband.config import load_experiment
@@ -449,7 +645,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_frontier)
+    r = sub.add_parser("retime", help="a finished frontier's runs re-timed on other link presets from their "
+                                      "ledgers (no training): ranks by bytes vs by simulated time")
+    r.add_argument("frontier", help="the frontier folder (with frontier.csv)")
+    r.add_argument("--links", required=True, help="comma-separated link presets, e.g. lte,lorawan_sf12")
+    r.add_argument("--data-dir", help="dataset folder (to build the federation for compute times)")
+    r.set_defaults(fn=cmd_retime)
 
 
-__all__ = ["FrontierCell", "FrontierResult", "add_parser", "cmd_frontier", "frontier_markdown", "frontier_rows",
+__all__ = ["FrontierCell", "FrontierResult", "add_parser", "cmd_frontier", "cmd_retime", "retime_frontier",
+           "retime_run", "frontier_markdown", "frontier_rows",
            "is_lossy", "pareto_mask", "parse_codecs", "parse_methods", "run_frontier"]

@@ -136,6 +136,12 @@ class Algorithm(ABC):
     #: sub-model, FedSPU): the receivers' shape check (lowband.comm.validate) then asks for
     #: the entry's rank and no larger dimension instead of its exact shape
     partial_kinds: ClassVar[frozenset[str]] = frozenset()
+    #: message kinds (-> the directions they travel) whose float tensors do not keep their
+    #: shape or the meaning of their coordinates from one message to the next on a link (a
+    #: different subset each round: FedCSPACK's packs, DisPFL's masked values): sender codec
+    #: state (an ``ef`` residual, a PowerSGD warm start) would be added to the wrong
+    #: coordinates, so a stateful codec on them is refused before the run (engine.checks)
+    unaligned_kinds: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: False for a server method whose server holds no model (KTA, FedMD exchange
     #: predictions only): the ``global`` protocol is refused (lowband.engine.checks).
     server_model: ClassVar[bool] = True

@@ -824,6 +824,10 @@ def _parse_term(term: str, spec: str) -> Codec:
     if not m:
         raise ValueError(f"bad codec {term!r} in {spec!r}; known codecs: {_known()}")
     name, argtext = m.group(1), m.group(2)
+    if name == "ef21":
+        from .memory import EF21_REFUSAL
+
+        raise ValueError(EF21_REFUSAL)
     args: list[Any] = []
     kwargs: dict[str, int | float | bool] = {}
     if name in SPEC_MAKERS:

@@ -67,6 +67,10 @@ class Direction:
     frame_overhead: int = 40
     frame_time_s: float = 0.0
     duty_cycle: float = 1.0
+    #: the *node's* radio power (W) while this direction's frames are on the air: its
+    #: transmit power for ``up`` (and peer sends), its receive power for ``down`` (and peer
+    #: receptions); None where no datasheet figure exists (then no energy is reported)
+    power_w: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not (self.bps > 0 and math.isfinite(self.bps)):
@@ -79,6 +83,17 @@ class Direction:
             raise ValueError("frame_payload must be >= 1 and frame_overhead >= 0")
         if self.latency_s < 0 or self.frame_time_s < 0:
             raise ValueError("latency_s and frame_time_s must be >= 0")
+        if self.power_w is not None and not (self.power_w >= 0 and math.isfinite(self.power_w)):
+            raise ValueError(f"power_w must be a finite number >= 0, got {self.power_w!r}")
+
+    @property
+    def joules_per_byte(self) -> Optional[float]:
+        """Radio energy per payload byte of a long message (full frames, headers, per-frame
+        time and expected retransmissions included): ``power_w x airtime / payload``."""
+        if self.power_w is None:
+            return None
+        k = 1.0 / (1.0 - self.loss)
+        return self.power_w * k * frame_airtime(int(self.frame_payload), self) / int(self.frame_payload)
 
 
 @dataclass(frozen=True)
@@ -138,27 +153,41 @@ def _lora_frame_time(sf: int, bps: float, payload: int, overhead: int = 13) -> f
     return lora_time_on_air(payload + overhead, sf) - 8.0 * (payload + overhead) / bps
 
 
+# Radio power of the node while its frames are on the air (W), where a figure exists; see
+# docs/user-guide.md ("Energy"). LoRa: Semtech SX1276 datasheet, Table 6 (power consumption),
+# VDD = 3.3 V: transmit at RFOP = +13 dBm on the RFO pin 29 mA (EU868 allows 14 dBm ERP),
+# receive 10.8 mA. LTE: the measured power model of Huang et al., MobiSys 2012 (Table 4:
+# P = alpha x throughput + beta; alpha_up 438.39 mW/Mbit/s, alpha_down 51.97 mW/Mbit/s,
+# beta 1288.04 mW), at this preset's 5 / 20 Mbit/s.
+_SX1276_TX_W = 3.3 * 0.029
+_SX1276_RX_W = 3.3 * 0.0108
+_LTE_UP_W = (438.39 * 5 + 1288.04) / 1000
+_LTE_DOWN_W = (51.97 * 20 + 1288.04) / 1000
+
 _SF12_FRAME = _lora_frame_time(12, 250, 51)  # 2.793472 s on air for 64 B, 2.048 s of it at 250 bit/s
 _SF7_FRAME = _lora_frame_time(7, 5470, 222)  # 0.368896 s on air for 235 B
 
 PRESETS: dict[str, LinkProfile] = {p.name: p for p in [
     LinkProfile(
         "lorawan_sf12", "LoRaWAN EU868 DR0 (SF12/125 kHz): 250 bit/s, 51 B per frame, 1% duty cycle up, 10% down",
-        up=Direction(bps=250, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_FRAME, duty_cycle=0.01),
+        up=Direction(bps=250, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_FRAME, duty_cycle=0.01,
+                     power_w=_SX1276_TX_W),
         down=Direction(bps=250, latency_s=2.0, frame_payload=51, frame_overhead=13, frame_time_s=_SF12_FRAME,
-                       duty_cycle=0.1),
+                       duty_cycle=0.1, power_w=_SX1276_RX_W),
         source="LoRaWAN Regional Parameters RP002 (EU863-870: DR0 = SF12/125 kHz 250 bit/s, N = 51; RX2 869.525 MHz "
                "DR0, RECEIVE_DELAY2 2 s); LoRaWAN L2 TS001 (13 B: MHDR 1 + FHDR 7 + FPort 1 + MIC 4); ETSI EN 300 "
                "220-2 (g1 1%, g3 10%); Semtech SX1276 datasheet 4.1.1.7 (time on air of a full frame, which sets "
-               "frame_time_s)"),
+               "frame_time_s); power: SX1276 datasheet Table 6 (3.3 V; TX +13 dBm RFO 29 mA, RX 10.8 mA)"),
     LinkProfile(
         "lorawan_sf7", "LoRaWAN EU868 DR5 (SF7/125 kHz): 5.47 kbit/s, 222 B per frame, 1% duty cycle",
-        up=Direction(bps=5470, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_FRAME, duty_cycle=0.01),
+        up=Direction(bps=5470, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_FRAME, duty_cycle=0.01,
+                     power_w=_SX1276_TX_W),
         down=Direction(bps=5470, latency_s=1.0, frame_payload=222, frame_overhead=13, frame_time_s=_SF7_FRAME,
-                       duty_cycle=0.01),
+                       duty_cycle=0.01, power_w=_SX1276_RX_W),
         source="LoRaWAN Regional Parameters RP002 (EU863-870: DR5 = SF7/125 kHz 5470 bit/s, N = 222 repeater-"
                "compatible; RX1 on the uplink channel, RECEIVE_DELAY1 1 s); LoRaWAN L2 TS001 (13 B header); ETSI EN "
-               "300 220-2 (g1 1%); Semtech SX1276 datasheet 4.1.1.7 (time on air of a full frame)"),
+               "300 220-2 (g1 1%); Semtech SX1276 datasheet 4.1.1.7 (time on air of a full frame); power: SX1276 "
+               "datasheet Table 6 (3.3 V; TX +13 dBm RFO 29 mA, RX 10.8 mA)"),
     LinkProfile(
         "nbiot", "NB-IoT Cat-NB1: ~62.5 kbit/s up, ~26 kbit/s down (peak), UDP/IPv4, ~1 s latency",
         up=Direction(bps=62.5e3, latency_s=1.0, **_UDP_IP), down=Direction(bps=26e3, latency_s=1.0, **_UDP_IP),
@@ -171,9 +200,12 @@ PRESETS: dict[str, LinkProfile] = {p.name: p for p in [
                "(10-15 ms design target, 50-200 ms in the field); TCP/IPv4 headers RFC 791/793"),
     LinkProfile(
         "lte", "LTE (typical, not peak): 5 Mbit/s up, 20 Mbit/s down, TCP/IPv4, 50 ms",
-        up=Direction(bps=5e6, latency_s=0.05, **_TCP_IP), down=Direction(bps=20e6, latency_s=0.05, **_TCP_IP),
+        up=Direction(bps=5e6, latency_s=0.05, power_w=_LTE_UP_W, **_TCP_IP),
+        down=Direction(bps=20e6, latency_s=0.05, power_w=_LTE_DOWN_W, **_TCP_IP),
         source="typical user throughput (Cat-4 peak is 50/150 Mbit/s, TS 36.306; measured medians 5-30 Mbit/s "
-               "down, 2-10 Mbit/s up); latency typical 30-100 ms; TCP/IPv4 headers RFC 791/793"),
+               "down, 2-10 Mbit/s up); latency typical 30-100 ms; TCP/IPv4 headers RFC 791/793; power: Huang et al., "
+               "MobiSys 2012, LTE power model (alpha_u 438.39, alpha_d 51.97 mW per Mbit/s, beta 1288.04 mW) at 5 / 20 "
+               "Mbit/s"),
     LinkProfile(
         "wifi", "Wi-Fi 802.11n (typical): 50 Mbit/s both ways, TCP/IPv4, 5 ms",
         up=Direction(bps=50e6, latency_s=0.005, **_TCP_IP), down=Direction(bps=50e6, latency_s=0.005, **_TCP_IP),
@@ -346,6 +378,12 @@ class LinkModel:
     def profile(self, node: int) -> LinkProfile:
         return self.per_node.get(int(node), self.default)
 
+    @property
+    def has_energy(self) -> bool:
+        """Whether every profile in use has a power figure both ways (energy is reported)."""
+        return all(p.up.power_w is not None and p.down.power_w is not None
+                   for p in (self.default, *self.per_node.values()))
+
     def compute(self, node: int) -> float:
         return float(self.compute_s[node]) if 0 <= node < len(self.compute_s) else 0.0
 
@@ -366,6 +404,7 @@ class RoundClock:
         self.free: dict[tuple[int, str], float] = {}  # (node, "up"/"down") -> transmitter free again
         self.end = 0.0
         self.late = 0  # (message, receiver) pairs past the deadline
+        self.energy_j = 0.0  # the nodes' radio energy of the round (the server's is not counted)
 
     def transfer(self, src: int, dst: int, direction: str, nbytes: int) -> float:
         """Time the transfer ``src -> dst`` of ``nbytes``; returns its arrival time (seconds
@@ -386,6 +425,10 @@ class RoundClock:
             attempts = sample_attempts(d, nbytes, np_gen(m.seed, "links", self.round, self.rows))
         self.rows += 1
         tx = transmit(d, nbytes, self.t0 + start, m.profile(link).windows, attempts)
+        if m.has_energy:  # the node's radio: sending (up, peer) or receiving (down, peer)
+            self.energy_j += float(d.power_w) * tx.airtime  # type: ignore[arg-type]
+            if direction == "peer":
+                self.energy_j += float(m.profile(dst).down.power_w) * tx.airtime  # type: ignore[arg-type]
         arrival = tx.arrival - self.t0
         self.free[(link, "down" if direction == "down" else "up")] = tx.free - self.t0
         if direction == "down":
@@ -429,6 +472,7 @@ class LinkTimer:
         self.model = model
         self._cum: list[float] = [0.0]  # _cum[r]: simulated seconds of rounds 1..r
         self._round: list[float] = [0.0]  # _round[r]: simulated seconds of round r
+        self._energy: list[float] = [0.0]  # _energy[r]: radio joules of rounds 1..r (with power figures)
 
     def elapsed(self, upto: int) -> float:
         """Cumulative simulated seconds of rounds ``1..upto`` (finished ones)."""
@@ -447,15 +491,30 @@ class LinkTimer:
         r = int(round)
         if not 1 <= r <= len(self._cum):
             raise ValueError(f"round {r} finished before round {len(self._cum)}")
-        del self._cum[r:], self._round[r:]
+        del self._cum[r:], self._round[r:], self._energy[r:]
         clock = replay_round(self.model, ledger, r, self._cum[r - 1])
         self._round.append(clock.round_s)
         self._cum.append(self._cum[r - 1] + clock.round_s)
+        self._energy.append(self._energy[r - 1] + clock.energy_j)
         return clock.round_s
 
+    def energy(self, upto: int) -> Optional[float]:
+        """Cumulative radio joules of the nodes in rounds ``1..upto``; None without power figures."""
+        if not self.model.has_energy:
+            return None
+        return self._energy[max(0, min(int(upto), len(self._energy) - 1))]
+
     def record(self, round: int) -> dict[str, float]:
-        """``time/round_s`` (round ``round`` alone) and ``time/sim_s`` (rounds 1..round)."""
-        return {"time/round_s": float(self.round_s(round)), "time/sim_s": float(self.elapsed(round))}
+        """``time/round_s`` (round ``round`` alone) and ``time/sim_s`` (rounds 1..round); with
+        power figures also ``energy/round_j`` and ``energy/j`` (the nodes' radios, cumulative)."""
+        out = {"time/round_s": float(self.round_s(round)), "time/sim_s": float(self.elapsed(round))}
+        total = self.energy(round)
+        if total is not None:
+            r = int(round)
+            prev = self._energy[r - 1] if 1 <= r < len(self._energy) else total
+            out["energy/round_j"] = float(total - prev)
+            out["energy/j"] = float(total)
+        return out
 
 
 # --------------------------------------------------------------------------- from config
@@ -519,6 +578,8 @@ def describe(p: LinkProfile) -> str:
             s += f", loss {x.loss:g}"
         if x.duty_cycle < 1:
             s += f", duty {x.duty_cycle:g}"
+        if x.power_w is not None:
+            s += f", radio {x.power_w:.4g} W ({x.joules_per_byte * 1e6:.4g} uJ/B)"  # type: ignore[operator]
         return s
     out = f"up: {d(p.up)}; down: {d(p.down)}"
     if p.windows:

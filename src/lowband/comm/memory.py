@@ -33,6 +33,12 @@ from .codecs import (
     is_stateful,
 )
 
+EF21_REFUSAL = ("codec 'ef21' is not available: EF21 (Richtarik et al. 2021) keeps g_i at the receiver too, "
+                "and every message that is dropped (dropout, deadline) or refused (validator) would leave the "
+                "receiver's g_i behind the sender's for the rest of the run; lowband does not yet commit codec "
+                "state on delivery, so use ef(<codec>) (sender-side error feedback, e.g. ef(topk(0.01)))")
+"""Why ``ef21(...)`` is refused (docs/user-guide.md, "Codecs with state")."""
+
 MAX_POWERSGD_RANK = 32
 """Largest rank of ``powersgd(r)``: decode costs ``r`` multiply-adds per decoded element."""
 
@@ -41,7 +47,9 @@ def _residual(state: dict[str, Tensor], key: str, like: Tensor, spec: str) -> Op
     e = state.get(key)
     if e is not None and e.shape != like.shape:
         raise ValueError(f"codec {spec}: the kept residual has shape {tuple(e.shape)}, the tensor "
-                         f"{tuple(like.shape)} (a tensor of one name must keep its shape on a link)")
+                         f"{tuple(like.shape)} (a tensor of one name must keep its shape on a link: an algorithm "
+                         f"whose messages change shape lists their kind in Algorithm.unaligned_kinds, "
+                         f"and a stateless codec must carry them)")
     return e
 
 

@@ -15,7 +15,11 @@ Refused (:class:`~lowband.config.ConfigError`, the CLI's exit status 2):
 - an evaluation protocol the algorithm cannot measure (:func:`served_protocols`), or
   ``personal`` without local test splits;
 - a method that needs a public reference set (``Algorithm.needs_public``) with
-  ``data.public_size = 0``.
+  ``data.public_size = 0``;
+- a codec with sender state (``ef(...)``, ``powersgd(r)``) on a message kind whose tensors
+  change shape or coordinates between rounds (``Algorithm.unaligned_kinds``: FedCSPACK's
+  packs, DisPFL's masked values, FedSPU's sub-models, FedMD's alignment logits, NTK-DFL's
+  per-example payloads).
 
 Warned once per run (:class:`LowbandWarning`, by :class:`TrafficWatch` reading the
 ledger after each evaluated round):
@@ -85,6 +89,44 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
     _check_public_set(exp, alg)
     if exp.eval.protocols:
         _check_protocols(alg, exp.eval.protocols, has_local_test=exp.data.split[2] > 0)
+    _check_codec_state(exp, alg)
+
+
+def _check_codec_state(exp: Experiment, alg: Any) -> None:
+    """Refuse a stateful codec (``ef(...)``, ``powersgd(r)``) on a message kind whose tensors
+    change shape or coordinates between rounds (``Algorithm.unaligned_kinds``): the sender's
+    residual or warm start would belong to other coordinates (or crash on a new shape)."""
+    from lowband.comm.codecs import is_stateful, parse_codec
+
+    comm = exp.comm
+    for kind, directions in sorted(getattr(alg, "unaligned_kinds", {}).items()):
+        for direction in directions:
+            if kind in comm.by_kind:
+                key, spec = f"comm.by_kind.{kind}", comm.by_kind[kind]
+            elif direction in comm.by_direction:
+                key, spec = f"comm.by_direction.{direction}", comm.by_direction[direction]
+            else:
+                key, spec = "comm.codec", comm.codec
+            try:
+                stateful = is_stateful(parse_codec(spec))
+            except ValueError:
+                continue  # a bad spec is reported by the codec check with its own line
+            if stateful:
+                raise ConfigError(
+                    f"{key}: {spec!r} keeps sender state (residual / warm start per tensor), but "
+                    f"{alg.name}'s {kind!r} messages ({direction}) change shape or coordinates every round, "
+                    f"so that state would be added to the wrong entries; use a stateless codec there "
+                    f"(e.g. {_stateless_hint(spec)}) or set comm.by_kind.{kind} to one")
+
+
+def _stateless_hint(spec: str) -> str:
+    """The spec with ``ef(...)`` unwrapped and ``powersgd`` replaced: a stateless suggestion."""
+    import re
+
+    inner = re.fullmatch(r"\s*ef\((.*)\)\s*", spec)
+    if inner:
+        return inner.group(1)
+    return "qsgd(4)" if "powersgd" in spec else "topk(0.01)"
 
 
 def topology_kind(exp: Experiment, alg: Any) -> str:

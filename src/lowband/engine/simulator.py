@@ -503,6 +503,9 @@ class Simulation:
             hit = summary.get("rounds_to_target")
             summary["sim_time_s"] = self.timer.elapsed(exp.rounds)
             summary["time_to_target_s"] = self.timer.elapsed(hit) if hit is not None else None
+            if self.timer.energy(exp.rounds) is not None:  # a preset with radio power figures
+                summary["energy_j"] = self.timer.energy(exp.rounds)
+                summary["energy_to_target_j"] = self.timer.energy(hit) if hit is not None else None
         if log is not None:
             log.write_ledger(self.ledger)
             log.write_summary(summary)

@@ -95,6 +95,8 @@ class DisPFL(GossipAlgorithm):
     name = "dispfl"
     paper = "Dai et al., DisPFL: Communication-Efficient Personalized FL via Decentralized Sparse Training, ICML 2022"
     Hyperparams = DisPFLHP
+    #: the values under a mask that is pruned and regrown every round
+    unaligned_kinds = {"sparse_weights": ("peer",)}
 
     def init_node(self, ctx: NodeContext) -> State:
         w = ctx.init_params()

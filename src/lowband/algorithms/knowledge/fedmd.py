@@ -150,6 +150,8 @@ class FedMD(Algorithm):
     family = "server"
     paper = "Li & Wang, FedMD: Heterogenous Federated Learning via Model Distillation, NeurIPS 2019 workshop"
     Hyperparams = FedMDHP
+    #: logits on a fresh alignment subset of the public set every round
+    unaligned_kinds = {"logits": ("up",), "consensus": ("down",)}
     default_protocols = ("personal", "node_global")
     default_main = "node_global/acc"
     personalized = True

@@ -210,6 +210,8 @@ class FedCSPACK(FedAvg):
     paper = ("Yang et al., Tackling Resource-Constrained and Data-Heterogeneity in Federated Learning "
              "with Double-Weight Sparse Pack (FedCSPACK), AAAI 2026")
     Hyperparams = FedCSPACKHP
+    #: each client sends a different, variable-size set of packs (and mask values) each round
+    unaligned_kinds = {"packs": ("up",)}
     default_protocols = ("global", "personal")
     default_main = "personal/acc_weighted"
     personalized = True  # per instance: False for the ``code`` variant (see __init__)

@@ -71,6 +71,8 @@ class FedSPU(FedAvg):
     Hyperparams = FedSPUHP
     personalized = True
     partial_kinds = frozenset({"weights"})  # sub-models: the selected rows of each layer
+    #: a fresh random sub-model (rows of each layer) per client and round, both ways
+    unaligned_kinds = {"weights": ("down", "up")}
 
     def init_node(self, ctx: NodeContext) -> State:
         return {"params": ctx.init_params()}

@@ -34,6 +34,26 @@ ServerOpt = Literal["sgd", "avgm", "adam", "yogi", "adagrad"]
 SERVER_OPTS: tuple[str, ...] = ("sgd", "avgm", "adam", "yogi", "adagrad")
 #: server learning rate when ``server_lr`` is unset (Reddi et al. 2021, best-rate table, CIFAR-10)
 DEFAULT_SERVER_LR: dict[str, float] = {"sgd": 1.0, "avgm": 1.0, "adam": 1e-2, "yogi": 1e-2, "adagrad": 1e-1}
+#: what each optimiser is (``lowband list server_opts``)
+SERVER_OPT_INFO: dict[str, str] = {
+    "sgd": "x <- x + eta Delta: plain FedAvg (eta = 1: the average of the client models)",
+    "avgm": "FedAvgM (Hsu, Qi and Brown 2019): server momentum m <- beta m + Delta; x <- x + eta m",
+    "adam": "FedAdam (Reddi et al. 2021): v <- b2 v + (1 - b2) Delta^2; x <- x + eta m / (sqrt(v) + tau)",
+    "yogi": "FedYogi (Reddi et al. 2021): v <- v - (1 - b2) Delta^2 sign(v - Delta^2); x <- x + eta m / (sqrt(v) + tau)",
+    "adagrad": "FedAdagrad (Reddi et al. 2021): v <- v + Delta^2; x <- x + eta m / (sqrt(v) + tau)",
+}
+
+
+def server_opt_params(opt: str, hp_fields: dict[str, Any]) -> dict[str, Any]:
+    """The knobs ``opt`` reads with their defaults (``server_lr`` by optimiser), from the
+    FedAvg hyperparameter fields ``hp_fields`` (pydantic ``model_fields``)."""
+    out: dict[str, Any] = {"server_lr": DEFAULT_SERVER_LR[opt]}
+    for knob, readers in KNOB_READERS.items():
+        if opt in readers:
+            out[knob] = hp_fields[knob].default
+    return out
+
+
 #: which optimisers read each knob (a knob set for another optimiser is refused)
 KNOB_READERS: dict[str, tuple[str, ...]] = {
     "server_momentum": ("avgm",),
