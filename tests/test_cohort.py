@@ -141,3 +141,23 @@ def test_engine_option() -> None:
     assert validate({}).engine.vectorize == "auto"
     with pytest.raises(ConfigError, match="vectorize"):
         validate({"engine": {"vectorize": "yes"}})
+
+
+def test_a_diverging_node_is_reported_as_on_the_per_node_path(tmp_path: Path, monkeypatch) -> None:
+    from lowband.algorithms.decentralised import gossip
+
+    orig = gossip.local_job
+
+    def local_job(ctx, params, *args, **kw):
+        job = orig(ctx, params, *args, **kw)
+        if ctx.node == 3:  # a NaN input: NaN loss, NaN weights (default loss: still vectorised)
+            job.x = job.x.clone()
+            job.x[0] = float("nan")
+        return job
+
+    monkeypatch.setattr(gossip, "local_job", local_job)
+    runs = {mode: _run(tmp_path, "dfedavg", mode, monkeypatch) for mode in ("off", "auto")}
+    assert runs["off"][1] == 0 and runs["auto"][1] == 16
+    per = {mode: [r.get("faults/diverged", 0) for r in sim.result.metrics] for mode, (sim, _) in runs.items()}
+    assert per["off"] == per["auto"] == [0, 1, 1]
+    assert math.isnan(runs["auto"][0].executor.states[3]["loss"])

@@ -48,8 +48,8 @@ DFedSAM, DisPFL, and methods with their own client step.
 
 from __future__ import annotations
 
-import functools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -145,9 +145,18 @@ def cohort_methods(fn: Callable[..., Any]) -> Optional[tuple[Callable[..., Any],
 
 
 # -- the rule ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=64)
+_SUPPORT: "weakref.WeakKeyDictionary[nn.Module, tuple[Optional[str], bool]]" = weakref.WeakKeyDictionary()
+
+
 def _model_support(model: nn.Module) -> tuple[Optional[str], bool]:
-    """(why the model cannot be vectorised or None, whether it is made of Linear layers only)."""
+    """(why the model cannot be vectorised or None, whether it is made of Linear layers
+    only), cached per module (an executor keeps one module per architecture)."""
+    if model not in _SUPPORT:
+        _SUPPORT[model] = _inspect(model)
+    return _SUPPORT[model]
+
+
+def _inspect(model: nn.Module) -> tuple[Optional[str], bool]:
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. BatchNorm running statistics)", False
     linear_only = True
