@@ -42,7 +42,7 @@ client). One call site, at the top of ``SerialExecutor.run_step``, hands a marke
 :func:`run_step` here, which runs all its actors' jobs (grouped by architecture and SGD
 settings, in cohorts of :func:`cohort_size`) and calls each node's ``finish``. Covered:
 FedAvg and its server optimisers (``client_update``), DFedAvg / DFedAvgM (``train_send``),
-Local (``train``). Not covered: D-PSGD (one gradient per iteration, no local SGD),
+Local (``_train``). Not covered: D-PSGD (one gradient per iteration, no local SGD),
 DFedSAM, DisPFL, and methods with their own client step.
 """
 
