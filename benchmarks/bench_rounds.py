@@ -59,6 +59,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from _common import analytic_flops, big_matmul_rate, cpu_model, loadavg, step_flops  # noqa: E402
+from _common import fmt_flops as _fmt_flops  # noqa: E402
+from _common import table as _table  # noqa: E402
+from _common import time_loop as _time_loop  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -81,96 +86,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 # ------------------------------------------------------------------------------------------
 # machine
 # ------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def loadavg() -> Optional[tuple[float, float, float]]:
-    try:
-        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
-    except OSError:
-        return None
-
-
-def _time_loop(fn: Callable[[], Any], budget_s: float, min_reps: int = 3) -> tuple[float, float, int]:
-    """(best, median) seconds per call of ``fn`` over about ``budget_s`` seconds."""
-    fn()  # warm-up (allocations, oneDNN primitive creation)
-    times: list[float] = []
-    t_end = time.perf_counter() + budget_s
-    while len(times) < min_reps or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 100_000:
-            break
-    return min(times), statistics.median(times), len(times)
-
-
-def big_matmul_rate(n: int, budget_s: float) -> dict[str, float]:
-    """fp32 GFLOP/s of an n x n x n matmul: best and median wall time of repeated calls, and
-    from process CPU time (CPU seconds / threads). On a loaded machine a 0.1-1 s call is
-    rarely left alone, so the wall rate under-reads; the CPU-time rate does not (it can
-    only under-read, when idle threads spin). The floor uses the larger of the two."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
-    cpu: list[float] = []
-
-    def call() -> None:
-        c0 = time.process_time()
-        torch.mm(a, b, out=c)
-        cpu.append(time.process_time() - c0)
-
-    best, med, reps = _time_loop(call, budget_s)
-    flops = 2.0 * n**3
-    threads = torch.get_num_threads()
-    out = {"n": n, "threads": threads, "gflops_best": flops / best / 1e9, "gflops_median": flops / med / 1e9,
-           "gflops_cpu": flops / (min(cpu) / threads) / 1e9, "reps": reps}
-    out["gflops_floor"] = max(out["gflops_best"], out["gflops_cpu"])
-    return out
-
-
 # ------------------------------------------------------------------------------------------
 # FLOPs: counter, analytic cross-check, and the ops of one step replayed at their shapes
 # ------------------------------------------------------------------------------------------
-def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """FLOPs FlopCounterMode sees in one forward + backward of ``(x, y)`` (train mode)."""
-    model.train()
-    model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as fc:
-        F.cross_entropy(model(x), y).backward()
-    model.zero_grad(set_to_none=True)
-    return int(fc.get_total_flops())
-
-
-def analytic_flops(model: nn.Module, x: torch.Tensor) -> int:
-    """Independent count: 2*MACs of every Linear/Conv2d forward (hooks read the shapes);
-    backward = weight gradient (same as forward) + input gradient (same as forward, except
-    for the first layer, whose input needs no gradient): total = 3*fwd - fwd(first)."""
-    fwd: list[int] = []
-
-    def hook(mod: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-        if isinstance(mod, nn.Linear):
-            fwd.append(2 * out.numel() * mod.in_features)
-        elif isinstance(mod, nn.Conv2d):
-            kh, kw = mod.kernel_size
-            fwd.append(2 * out.numel() * (mod.in_channels // mod.groups) * kh * kw)
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return 3 * sum(fwd) - (fwd[0] if fwd else 0)
-
-
 class _OpRecorder(TorchDispatchMode):
     """Records (op, cloned args) of every op FlopCounterMode knows how to count."""
 
@@ -512,19 +430,6 @@ def static_analysis(key: str, quick: bool, sim: Any, probe: bool, budget: float,
 # ------------------------------------------------------------------------------------------
 # report
 # ------------------------------------------------------------------------------------------
-def _fmt_flops(f: float) -> str:
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if abs(f) >= scale:
-            return f"{f / scale:.3g} {unit}"
-    return f"{f:.3g} FLOP"
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

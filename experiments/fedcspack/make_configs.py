@@ -74,6 +74,8 @@ CPR_COUNTS = (30, 60, 100)  # client participation ratio 0.3 / 0.6 / 1.0 (figure
 
 #: the lead's FedAvg FMNIST Dir(0.3) run is the FedAvg row of that cell
 REUSED = {("fmnist", "dir0.3", "fedavg"): "experiments/baselines/fedavg_fmnist_dir03.toml"}
+#: the headline cells (table 1, FedAvg and FedCSPACK) run these seeds (issue 15 part 7)
+HEADLINE_SEEDS = [0, 1, 2]
 
 
 def config(ds: str, part: str, method: str, *, alpha: float | None = None, extra: dict | None = None,
@@ -118,7 +120,8 @@ def main() -> None:
                 paper = TABLE1[ds].get(method)
                 runs.append({"id": f"table1/{ds}/{part}/{method}", "table": "table1", "row": f"{ds} {part} {method}",
                              "config": path,
-                             "metric": "personal/acc_weighted", **({"paper": paper[i]} if paper else {})})
+                             "metric": "personal/acc_weighted", **({"paper": paper[i]} if paper else {}),
+                             **({"seeds": HEADLINE_SEEDS} if method in ("fedavg", "fedcspack") else {})})
                 if alpha == 0.3 and method in ("fedavg", "fedcspack", "fedcspack_code", "fedspu"):
                     for direction in ("up", "down"):
                         runs.append({"id": f"table2/{ds}/{method}/bytes_{direction}", "table": "table2",

@@ -108,6 +108,11 @@ TABLE3 = [
 ]
 
 
+#: the headline cells (table 3: FOL vs one-shot FedAvg) run these seeds (issue 15 part 7)
+HEADLINE_ROWS = ("FOL", "FedAvg")
+HEADLINE_SEEDS = [0, 1, 2]
+
+
 def reproduce_toml() -> str:
     """experiments/fol/reproduce.toml: every table cell, on the reduced CPU configs."""
     lines = ["# lowband reproduce fol: FOL table 3 (CIFAR-10, psi = 0.7, client 9) and the psi sweep,",
@@ -127,6 +132,8 @@ def reproduce_toml() -> str:
                     cell["round"] = e
                 if paper is not None:
                     cell["paper"] = paper
+                if psi == 0.7 and row in HEADLINE_ROWS:
+                    cell["seeds"] = HEADLINE_SEEDS
                 lines.append("[[run]]")
                 lines += [f"{k} = {tomli_w.dumps({'v': v})[4:].strip()}" for k, v in cell.items()]
                 lines.append("")

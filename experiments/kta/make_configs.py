@@ -132,6 +132,11 @@ add("cifar10_resnet18_kta_full_s0", kta(), data=cifar_data(), model={"name": "re
     note="the full ResNet-18 run (GPU): the headline federation with ResNet-18")
 
 
+#: the headline cells (KTA v2 vs local-only) run these seeds (issue 15 part 7): seed s of a
+#: config runs in runs/<name>/seed-<s>/ (the *_s1/_s2 configs are the same runs under other names)
+HEADLINE = {"simplecnn/kta", "simplecnn/local"}
+HEADLINE_SEEDS = [0, 1, 2]
+
 #: reproduce.toml cells: (id, table, row, config, metric, paper, paper_unit)
 CELLS = [
     ("simplecnn/kta", "cifar10_simplecnn", "KTA v2", "cifar10_simplecnn_kta_s0", "node_global/acc", 49, "%"),
@@ -181,6 +186,8 @@ def main() -> None:
             cell["paper"] = paper
         if unit:
             cell["paper_unit"] = unit
+        if cid in HEADLINE:
+            cell["seeds"] = HEADLINE_SEEDS
         lines.append("[[run]]")
         lines.append(tomli_w.dumps(cell))
     (HERE / "reproduce.toml").write_text("\n".join(lines))

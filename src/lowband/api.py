@@ -250,7 +250,7 @@ class Result:
             if not ck.exists():
                 raise ValueError(f"{self.run_dir}: no checkpoint.pt (checkpoint_every = 0?): the final states were "
                                  f"not kept")
-            data = torch.load(ck, weights_only=True)
+            data = torch.load(ck, map_location="cpu", weights_only=True)
             if int(data["round"]) != int(self.summary.get("rounds_completed") or -1):
                 raise ValueError(f"{ck} is from round {data['round']}, not the final round "
                                  f"{self.summary.get('rounds_completed')}")
@@ -461,6 +461,11 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
     if out is not None:
         options["out_dir"] = str(out)
     e = _as_experiment(exp, options)
+    if not write and e.log.tensorboard:
+        from lowband.config import ConfigError
+
+        raise ConfigError("log.tensorboard writes RUN/tb/ in the run folder, and write=False writes nothing; "
+                          "run with write=True (and out=...) or drop log.tensorboard")
     data = target = None
     if write:  # in-memory arrays go to the run folder's data.npz, and the config points there
         e_mem = e

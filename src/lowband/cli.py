@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append(f"data.data_dir={_toml_str(args.data_dir)}")
     if args.out:
         overrides.append(f"out_dir={_toml_str(args.out)}")
+    if getattr(args, "tensorboard", False):
+        overrides.append("log.tensorboard=true")
     if args.seeds:  # one run folder per seed plus the aggregate (lowband.batch)
         from lowband.batch import cmd_run_seeds
 
@@ -289,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
     r.add_argument("--out", help="run folder (default runs/<name>)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--tensorboard", action="store_true",
+                   help="also write the metrics to RUN/tb/ for TensorBoard (log.tensorboard; extra lowband[tensorboard])")
     r.add_argument("--seeds", help="run once per seed (e.g. 0,1,2 or 0-4) into <out>/seed-<s>/, plus "
                                    "aggregate.json/.csv with mean, std and 95%% CI; resumable")
     r.add_argument("--workers", type=int, help="with --seeds: worker processes (default: min(cores, seeds))")

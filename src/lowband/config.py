@@ -296,6 +296,14 @@ class EngineConfig(_Strict):
     vectorize: Literal["auto", "on", "off"] = "auto"
 
 
+class LogConfig(_Strict):
+    """Optional extra outputs of a run (they change no number)."""
+
+    #: write the metrics of every evaluated round to RUN/tb/ as TensorBoard scalars
+    #: (extra lowband[tensorboard]; also ``lowband run --tensorboard``)
+    tensorboard: bool = False
+
+
 class Experiment(_Strict):
     """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
 
@@ -313,6 +321,9 @@ class Experiment(_Strict):
     ray_workers: Optional[int] = Field(None, ge=1)
     ray_num_cpus: Optional[int] = Field(None, ge=1)
     checkpoint_every: int = Field(1, ge=0)
+    #: where training and evaluation run: "cpu", "cuda", "cuda:N", "mps" or "auto" (cuda if
+    #: available, else mps, else cpu); see lowband.device (wire bytes are the same on every device)
+    device: str = "cpu"
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -323,6 +334,14 @@ class Experiment(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     #: link models (simulated time); None: not timed, and nothing about time is written
     links: Optional[LinksConfig] = None
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        from lowband.device import check_spec
+
+        return check_spec(v)
 
     @field_validator("out_dir")
     @classmethod

@@ -122,7 +122,7 @@ def ledger_from_checkpoint(path: Path) -> Optional[dict[str, np.ndarray]]:
 
     if not path.exists():
         return None
-    ckpt = torch.load(path, weights_only=True)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     led = Ledger()
     led.load_state_dict(ckpt["ledger"])
     return ledger_columns(led)

@@ -1,8 +1,9 @@
 """Compare finished runs: a Markdown table and PNG curves (accuracy vs round and vs bytes).
 
-A seeds folder (``seed-<s>/`` run folders, from ``lowband run --seeds``) counts as one run
-whose table cells are ``mean ± std`` over the seeds and whose curves are the mean with a
-95% confidence band. :func:`write_sweep_report` writes a sweep's table and plots.
+A seeds folder (``seed-<s>/`` run folders, from ``lowband run --seeds``; or a run folder
+with ``seed-<s>/`` folders beside its own run, as ``lowband reproduce`` lays out seeds)
+counts as one run whose table cells are ``mean ± std`` over the seeds and whose curves are
+the mean with a 95% confidence band. :func:`write_sweep_report` writes a sweep's table and plots.
 """
 
 from __future__ import annotations
@@ -34,19 +35,29 @@ class RunRecord:
 
 
 def load_run(path: str | Path) -> RunRecord:
-    """A finished run folder, or a seeds folder (its finished ``seed-*/`` runs)."""
+    """A finished run folder, or a seeds folder: its finished ``seed-*/`` runs, plus the
+    folder's own run when it has one (the layout ``lowband reproduce`` uses: the config's
+    seed in ``R``, seed ``s`` in ``R/seed-<s>/``). A seed found twice counts once."""
+    from lowband.batch import seed_runs
+
     p = Path(path)
     log = RunLog(p)
-    if not log.summary_path.exists():
-        from lowband.batch import seed_runs
+    runs = [_load_single(p)] if log.summary_path.exists() else []
+    seen = {r.summary.get("seed") for r in runs}
+    for d in seed_runs(p, finished=True):
+        r = _load_single(d)
+        if r.summary.get("seed") not in seen or r.summary.get("seed") is None:
+            seen.add(r.summary.get("seed"))
+            runs.append(r)
+    if len(runs) == 1:
+        return runs[0]
+    if runs:
+        return RunRecord(p, runs[0].summary, runs[0].metrics, seeds=runs)
+    raise ReportError(f"{p}: no summary.json (not a finished lowband run folder); run it with `lowband run` first")
 
-        runs = [load_run(d) for d in seed_runs(p, finished=True)]
-        if len(runs) == 1:
-            return runs[0]
-        if runs:
-            return RunRecord(p, runs[0].summary, runs[0].metrics, seeds=runs)
-    if not log.summary_path.exists():
-        raise ReportError(f"{p}: no summary.json (not a finished lowband run folder); run it with `lowband run` first")
+
+def _load_single(p: Path) -> RunRecord:
+    log = RunLog(p)
     try:
         summary = json.loads(log.summary_path.read_text())
     except json.JSONDecodeError as exc:

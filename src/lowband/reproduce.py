@@ -14,12 +14,22 @@ A paper's cells are listed in ``experiments/PAPER/reproduce.toml``::
     paper = 6                         # the paper's number (or text such as "200+")
     paper_unit = "rounds"             # optional: "%", "GB", "MB", "rounds", "s"
     reference = "experiments/..."     # comm_reduction only: the baseline config
+    seeds = [0, 1, 2]                 # optional: run the config once per seed
 
 Metrics: any key of ``metrics.jsonl`` (accuracies shown in %, cumulative ``bytes/...`` in GB
 unless ``paper_unit`` says MB); ``rounds_to_target`` (first evaluated round whose main
 metric reaches the config's ``eval.target``); ``bytes_per_round`` (encoded + declared bytes
 per round, MB); ``comm_reduction`` (``100 (1 - bytes_per_round / reference's)``, %);
 ``time/elapsed_s`` and ``time/round_s`` (mean) from ``timing.jsonl``.
+
+Seeds: ``seeds = [...]`` at the top of reproduce.toml (every cell) or in a ``[[run]]``
+(that cell), or ``--seeds 0,1,2`` (every selected cell), runs the config once per seed.
+The config's own seed (``seed``, default 0) runs in the config's run folder ``R`` as
+before; seed ``s`` runs in ``R/seed-<s>/`` (as ``lowband run CONFIG seed=s
+out_dir=R/seed-<s>``). A folder ``R`` made by ``lowband run CONFIG --seeds ...`` (every
+seed in ``R/seed-<s>/``, nothing run in ``R`` itself) is read and extended the same way.
+A cell's value is then ``mean ± std (n=...)`` over every seed run found for its config
+(also seeds no cell asked for), and the per-seed values are listed below its table.
 
 Where the papers are: ``--experiments DIR`` if given, else ``./experiments`` when it holds
 ``PAPER/reproduce.toml`` (a source checkout, or your own papers), else the copy shipped in
@@ -29,11 +39,13 @@ any folder. A ``config`` path ``experiments/X/Y.toml`` is read from that folder.
 Every config runs once however many cells use it, in its own run folder (the config's
 ``out_dir``, else ``runs/<name>``, relative to the current folder): a finished run is
 reused, an interrupted one is resumed from its checkpoint (or restarted from round 0 when
-it was killed before its first checkpoint), and ``--rounds N`` shortens (or extends) runs;
+it was killed before its first checkpoint; each seed likewise), and ``--rounds N``
+shortens (or extends) runs;
 the table says how many rounds each number comes from. ``--collect`` only tabulates what
 exists. The table goes to ``--out`` (a folder, or a ``.md`` file; default
 ``results/PAPER_table.md``; nothing is written under ``docs/`` unless ``--out`` says so)
-and its header states the compute its runs took.
+and its header states the compute its runs took (including the compute recorded for
+cells kept from the previous table).
 """
 
 from __future__ import annotations
@@ -41,9 +53,10 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
@@ -64,6 +77,8 @@ class Cell:
     row: str = ""
     round: Optional[int] = None
     reference: Optional[str] = None
+    #: seeds to run (None: the config's own seed only); the table shows every seed found
+    seeds: Optional[list[int]] = None
 
 
 def packaged_experiments() -> Optional[Path]:
@@ -116,6 +131,10 @@ def load_cells(paper: str, root: Optional[Path] = None, *, experiments: Optional
     exp_dir = locate(paper, Path(root) / "experiments" if root is not None else experiments)
     path = exp_dir / paper / "reproduce.toml"
     raw = load_toml(path)
+    bad_top = set(raw) - {"paper", "run", "seeds"}
+    if bad_top:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(bad_top)}; allowed: paper, run, seeds")
+    default_seeds = _seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
     cells, seen = [], set()
     allowed = set(Cell.__dataclass_fields__)
     for i, r in enumerate(raw.get("run", [])):
@@ -135,10 +154,34 @@ def load_cells(paper: str, root: Optional[Path] = None, *, experiments: Optional
         for key in ("config", "reference"):
             if r.get(key):
                 r[key] = resolve_config(r[key], exp_dir, path.parent)
+        r["seeds"] = _seeds(r["seeds"], f"{path}: {r['id']}: seeds") if "seeds" in r else default_seeds
         cells.append(Cell(**r))
     if not cells:
         raise ConfigError(f"{path}: no [[run]] entries")
     return cells
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    """A ``seeds`` entry (a list of distinct non-negative integers, or ``"0-2"`` text)."""
+    from lowband.batch import parse_seeds
+
+    if isinstance(value, bool) or not isinstance(value, (list, str)) or (
+            isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise ConfigError(f"{where} must be a list of seeds, e.g. [0, 1, 2]")
+    try:
+        return parse_seeds(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {str(exc).split(': ', 1)[-1]}") from None
+
+
+def with_seeds(cells: list[Cell], seeds: Optional[str]) -> list[Cell]:
+    """``--seeds 0,1,2``: every cell runs these seeds (instead of its own ``seeds``)."""
+    if not seeds:
+        return cells
+    from lowband.batch import parse_seeds
+
+    chosen = parse_seeds(seeds)
+    return [replace(c, seeds=list(chosen)) for c in cells]
 
 
 def select(cells: list[Cell], only: Optional[str]) -> list[Cell]:
@@ -175,8 +218,55 @@ def short(path: str) -> str:
         return str(Path(*p.parts[-2:]))
 
 
-def run_config(config: str, overrides: list[str], *, quiet: bool = True) -> Optional[str]:
-    """Run, resume or reuse one config; returns its run folder (None when it was skipped).
+def _quote(text: str) -> str:
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _batch_layout(rd: Path) -> bool:
+    """``rd`` holds seed folders and no run of its own (made by ``lowband run CONFIG --seeds
+    ...``, or seeds run before the config's own): the config's own seed goes to
+    ``rd/seed-<s>/`` too (lowband never writes a run into a folder holding other files)."""
+    from lowband.batch import seed_runs
+
+    return not (rd / "config.toml").exists() and bool(seed_runs(rd))
+
+
+def seed_overrides(config: str, overrides: list[str], seed: Optional[int]) -> list[str]:
+    """The overrides that run ``config`` with ``seed`` in its seed folder: none for the
+    config's own seed (its run folder ``R``, unless ``R`` holds seed folders and no run of
+    its own: then ``R/seed-<s>/``), else ``seed=s`` and ``out_dir=R/seed-<s>`` (what
+    ``lowband run CONFIG seed=s out_dir=R/seed-<s>`` does, so runs made that way are
+    reused and resumed). ``seed`` None: the config's own seed."""
+    from lowband.batch import seed_dir
+
+    exp = load_experiment(config, overrides)
+    rd = exp.run_dir()
+    seed = exp.seed if seed is None else seed
+    if seed == exp.seed and not _batch_layout(rd):
+        return list(overrides)
+    return [*overrides, f"seed={int(seed)}", f"out_dir={_quote(str(seed_dir(rd, seed)))}"]
+
+
+def run_plan(cells: list[Cell], overrides: Optional[list[str]] = None) -> list[tuple[str, Optional[int]]]:
+    """(config, seed) pairs to run, each run folder once: a cell's config with its
+    ``seeds`` (None: the config's own seed), and each ``reference`` with its own seed."""
+    pairs: dict[tuple[str, Optional[int]], None] = {}
+    for c in cells:
+        for s in (c.seeds or [None]):
+            pairs[(c.config, s)] = None
+    for c in cells:
+        if c.reference:
+            pairs[(c.reference, None)] = None
+    out: dict[str, tuple[str, Optional[int]]] = {}
+    for cfg, s in pairs:
+        rd = load_experiment(cfg, seed_overrides(cfg, overrides or [], s)).run_dir()
+        out.setdefault(str(rd.resolve()), (cfg, s))
+    return list(out.values())
+
+
+def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None) -> Optional[str]:
+    """Run, resume or reuse one config (with ``seed``: in that seed's folder, see
+    :func:`seed_overrides`); returns its run folder (None when it was skipped).
 
     A finished run (``summary.json`` with enough rounds) is reused; one with a checkpoint
     resumes from it (``--rounds`` may extend it); one killed before its first checkpoint
@@ -186,11 +276,11 @@ def run_config(config: str, overrides: list[str], *, quiet: bool = True) -> Opti
     from lowband.engine.runlog import RunDirError
     from lowband.engine.simulator import Simulation
 
-    exp = load_experiment(config, overrides)
+    exp = load_experiment(config, seed_overrides(config, overrides, seed))
     rd = exp.run_dir()
     summary = _read_json(rd / "summary.json")
     done = (summary or {}).get("rounds_completed")
-    name = short(config)
+    name = short(config) + ("" if seed is None else f" seed {seed}")
     if done is not None and done >= exp.rounds:
         print(f"  reuse   {name} -> {rd} ({done} rounds)")
         return str(rd)
@@ -237,6 +327,7 @@ class RunData:
     target: Optional[float]
     main: str
     threads: Optional[int] = None
+    seed: int = 0
 
     @property
     def rounds_done(self) -> int:
@@ -249,24 +340,59 @@ class RunData:
         its sessions, where ``elapsed_s`` restarts with each)."""
         return float(sum((t.get("round_s") or 0.0) + (t.get("eval_s") or 0.0) for t in self.timing))
 
+    @property
+    def cpu_hours(self) -> float:
+        """:attr:`seconds` times the run's ``threads`` (1 where unset), in hours."""
+        return self.seconds * (self.threads or 1) / 3600
 
-def run_data(config: str, overrides: list[str]) -> Optional[RunData]:
-    exp = load_experiment(config, overrides)
-    rd = exp.run_dir()
+
+def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
+    """What run folder ``rd`` holds of a run of ``exp`` (None when it logged no round);
+    rounds planned, threads and seed as saved in its config.toml."""
     metrics = _jsonl(rd / "metrics.jsonl")
     if not metrics:
         return None
+    planned, threads, seed = exp.rounds, exp.threads, exp.seed
     saved = rd / "config.toml"
-    planned, threads = exp.rounds, exp.threads
     if saved.exists():
         import tomllib
 
-        cfg = tomllib.loads(saved.read_text())
+        try:
+            cfg = tomllib.loads(saved.read_text())
+        except (OSError, ValueError):
+            cfg = {}
         planned = int(cfg.get("rounds", planned))
         threads = cfg.get("threads", threads)
+        seed = int(cfg.get("seed", seed))
     main = exp.eval.main or "consensus/acc"
     return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
-                   int(threads) if threads else None)
+                   int(threads) if threads else None, seed)
+
+
+def run_data(config: str, overrides: list[str]) -> Optional[RunData]:
+    """The run in ``config``'s own run folder (the config's seed)."""
+    exp = load_experiment(config, overrides)
+    return run_data_at(exp, exp.run_dir())
+
+
+def seed_data(config: str, overrides: list[str]) -> dict[int, RunData]:
+    """seed -> run of every seed of ``config`` found: its run folder ``R`` (the seed saved
+    there) and ``R/seed-<s>/`` (the seed saved in each), sorted by seed. A second folder
+    with a seed already found is left out (with a warning)."""
+    from lowband.batch import seed_runs
+
+    exp = load_experiment(config, overrides)
+    rd = exp.run_dir()
+    found: dict[int, RunData] = {}
+    for folder in [rd, *seed_runs(rd)]:
+        d = run_data_at(exp, folder)
+        if d is None:
+            continue
+        if d.seed in found:
+            print(f"  warning: {folder} repeats seed {d.seed} of {found[d.seed].dir}; left out", file=sys.stderr)
+            continue
+        found[d.seed] = d
+    return dict(sorted(found.items()))
 
 
 def bytes_per_round(d: RunData) -> Optional[float]:
@@ -274,6 +400,24 @@ def bytes_per_round(d: RunData) -> Optional[float]:
     if not d.rounds_done:
         return None
     return ((last.get("bytes/total") or 0) + (last.get("declared/total") or 0)) / d.rounds_done
+
+
+def number_text(cell: Cell, v: float, *, mean: bool = False) -> str:
+    """``v`` (a :func:`value` number, or a mean or std of them) as the table writes it."""
+    m = cell.metric
+    if m == "rounds_to_target":
+        return f"{v:.1f}" if mean else f"{v:.0f}"
+    if m == "bytes_per_round":
+        return f"{v:,.2f}"
+    if m == "comm_reduction":
+        return f"{v:.2f}"
+    if m.startswith("time/"):
+        return f"{v:.1f}"
+    if "acc" in m:
+        return f"{v:.2f}"
+    if m.startswith(("bytes/", "declared/")):
+        return f"{v:,.1f}" if cell.paper_unit == "MB" else f"{v:,.3f}"
+    return f"{v:.4g}"
 
 
 def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[float], str]:
@@ -285,18 +429,18 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         for rec in d.metrics:
             v = rec.get(d.main)
             if v is not None and v >= d.target:
-                return float(rec["round"]), str(rec["round"])
+                return float(rec["round"]), number_text(cell, float(rec["round"]))
         return None, f"> {d.rounds_done}"
     if m == "bytes_per_round":
         b = bytes_per_round(d)
-        return (None, "n/a") if b is None else (b / 1e6, f"{b / 1e6:,.2f}")
+        return (None, "n/a") if b is None else (b / 1e6, number_text(cell, b / 1e6))
     if m == "comm_reduction":
         b = bytes_per_round(d)
         rb = bytes_per_round(ref) if ref is not None else None
         if b is None or not rb:
             return None, "n/a (reference not run)"
         v = 100 * (1 - b / rb)
-        return v, f"{v:.2f}"
+        return v, number_text(cell, v)
     if m.startswith("time/"):
         key = m.split("/", 1)[1]
         if key == "elapsed_s":
@@ -304,7 +448,7 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         else:
             vals = [t.get(key) for t in d.timing if t.get(key) is not None]
             v = sum(vals) / len(vals) if vals else None
-        return (None, "n/a") if v is None else (float(v), f"{v:.1f}")
+        return (None, "n/a") if v is None else (float(v), number_text(cell, float(v)))
     if cell.round is not None and d.rounds_done < cell.round:
         return None, ""  # the run has not reached the cell's round yet
     recs = d.metrics if cell.round is None else [r for r in d.metrics if r["round"] <= cell.round]
@@ -312,88 +456,162 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         return None, "n/a"
     v = float(recs[-1][m])
     if "acc" in m:
-        return 100 * v, f"{100 * v:.2f}"
-    if m.startswith(("bytes/", "declared/")):
-        if cell.paper_unit == "MB":
-            return v / 1e6, f"{v / 1e6:,.1f}"
-        return v / 1e9, f"{v / 1e9:,.3f}"
-    return v, f"{v:.4g}"
+        v *= 100
+    elif m.startswith(("bytes/", "declared/")):
+        v /= 1e6 if cell.paper_unit == "MB" else 1e9
+    return v, number_text(cell, v)
 
 
-def compute_line(runs: list[Optional[RunData]]) -> str:
-    """The compute the table's runs took: CPU-hours = the sum over runs of their logged
-    per-round training and evaluation seconds times their ``threads`` (1 where unset)."""
+def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) -> tuple[str, list[str]]:
+    """(*ours*, per-seed texts) of ``cell`` over its config's seed ``runs``: the one run's
+    text for a single seed, else ``mean ± std (n=k)`` over the seeds with a number (``of
+    N`` when some have none, e.g. a target not reached); ``refs`` are the reference's
+    runs (paired by seed, else its first)."""
+    from lowband.batch import stats
+
+    per = []
+    for s, d in runs.items():
+        ref = refs.get(s) or next(iter(refs.values()), None)
+        per.append((s, *value(cell, d, ref)))
+    texts = [f"{s}: {t or '-'}" for s, _, t in per]
+    if len(per) == 1:
+        return per[0][2], texts
+    nums = [v for _, v, _ in per if v is not None]
+    if not nums:
+        distinct = list(dict.fromkeys(t for _, _, t in per))
+        return (distinct[0] if len(distinct) == 1 else "; ".join(t or "-" for t in distinct)), texts
+    st = stats(nums)
+    ours = number_text(cell, st["mean"], mean=True)
+    if st["std"] is not None:
+        ours += f" ± {number_text(cell, st['std'], mean=True)}"
+    ours += f" (n={len(nums)}" + (f" of {len(per)})" if len(nums) < len(per) else ")")
+    return ours, texts
+
+
+_CPU_H = re.compile(r"`([^`]+)`[^`]*?\(([0-9.eE+-]+) CPU-h\)")
+
+
+def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
+                 kept: Optional[dict[str, str]] = None) -> str:
+    """The compute the table's runs took: CPU-hours = the sum over runs (every seed) of
+    their logged per-round training and evaluation seconds times their ``threads`` (1 where
+    unset), plus the CPU-hours recorded in the *run* column of cells kept from the previous
+    table (``kept``: cell id -> that column)."""
     made = {d.dir.resolve(): d for d in runs if d is not None}
-    cpu_h = sum(d.seconds * (d.threads or 1) for d in made.values()) / 3600
+    cpu_h = sum(d.cpu_hours for d in made.values())
     wall_h = sum(d.seconds for d in made.values()) / 3600
     unset = sum(1 for d in made.values() if not d.threads)
     note = f"; {unset} without `threads` counted as one core" if unset else ""
-    return (f"**Compute: {cpu_h:.3g} CPU-hours** ({wall_h:.3g} h wall-clock) in the {len(made)} runs made of "
-            f"{len(runs)} configs: the sum of each run's per-round training and evaluation times "
-            f"(timing.jsonl) times its `threads`{note}.")
+    line = (f"**Compute: {cpu_h:.3g} CPU-hours** ({wall_h:.3g} h wall-clock) in the {len(made)} runs made of "
+            f"{len(runs) if configs is None else configs} configs: the sum of each run's per-round training and "
+            f"evaluation times (timing.jsonl) times its `threads`{note}.")
+    if kept:
+        recorded: dict[str, float] = {}
+        missing: set[str] = set()
+        for where in kept.values():
+            hits = _CPU_H.findall(where)
+            if not hits:
+                folder = re.search(r"`([^`]+)`", where)
+                missing.add(folder.group(1) if folder else where)
+            for folder, h in hits:
+                recorded.setdefault(folder, float(h))
+        if recorded:
+            line += (f" Cells kept from the previous table add {sum(recorded.values()):.3g} CPU-hours "
+                     f"(recorded for {len(recorded)} runs)")
+            line += f"; {len(missing)} of their runs have no recorded compute." if missing else "."
+        elif missing:
+            line += (f" The {len(missing)} runs of cells kept from the previous table have no recorded compute "
+                     f"(not counted).")
+    return line
 
 
 def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
     """cell id -> (ours, rounds, run) of the rows of an earlier table at ``path`` that hold
-    a value (empty when there is none). Rows kept from an even earlier table keep their
-    note."""
+    a value (empty when there is none), with their per-seed values (``seeds/<id>`` ->
+    ("", "", the list)). Rows kept from an even earlier table keep their note."""
     out: dict[str, tuple[str, str, str]] = {}
     if not path.is_file():
         return out
     for line in path.read_text(errors="replace").splitlines():
+        m = re.match(r"- `([^`]+)`: (.+)$", line.strip())
+        if m:
+            out[f"seeds/{m.group(1)}"] = ("", "", m.group(2))
+            continue
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cols) == 7 and cols[4] and cols[0] not in ("cell", "---"):
             out[cols[0]] = (cols[4], cols[5], cols[6])
     return out
 
 
+def _rounds_text(cell: Cell, runs: list[RunData]) -> str:
+    done = sorted({d.rounds_done for d in runs})
+    planned = max(d.rounds_planned for d in runs)
+    text = f"{done[0]}/{planned}" if len(done) == 1 else f"{done[0]}-{done[-1]}/{planned}"
+    return text + (f" (at {cell.round})" if cell.round is not None else "")
+
+
 def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command: str,
                    previous: Optional[dict[str, tuple[str, str, str]]] = None) -> str:
-    """The paper-vs-lowband table. A cell whose run folder is gone keeps its value from
-    ``previous`` (the table being replaced), marked as kept, instead of going blank: a
-    cleaned ``runs/`` must not erase results that were measured."""
+    """The paper-vs-lowband table. A cell whose run folders are all gone keeps its value
+    from ``previous`` (the table being replaced), marked as kept, instead of going blank: a
+    cleaned ``runs/`` must not erase results that were measured. A cell with several seed
+    runs shows mean ± std and lists its per-seed values under its table."""
     previous = previous or {}
-    cache: dict[str, Optional[RunData]] = {}
+    cache: dict[str, dict[int, RunData]] = {}
 
-    def data(cfg: str) -> Optional[RunData]:
+    def data(cfg: str) -> dict[int, RunData]:
         if cfg not in cache:
             try:
-                cache[cfg] = run_data(cfg, overrides)
+                cache[cfg] = seed_data(cfg, overrides)
             except ConfigError as e:
                 print(f"  warning: {cfg}: {e}", file=sys.stderr)
-                cache[cfg] = None
+                cache[cfg] = {}
         return cache[cfg]
 
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
-    lines = [f"# {paper}: paper vs lowband", "",
-             f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M')}. One row per table cell of "
-             f"experiments/{paper}/reproduce.toml; *rounds* is the number of rounds the value comes from "
-             f"(of the config's planned rounds); an empty *ours* means the run has not been made.", "",
-             compute_line([data(cfg) for cfg in configs]), ""]
     tables: dict[str, list[Cell]] = {}
     for c in cells:
         tables.setdefault(c.table, []).append(c)
+    kept: dict[str, str] = {}
+    body: list[str] = []
     for t, cs in tables.items():
-        lines += [f"## {t}", "", "| cell | row | metric | paper | ours | rounds | run |", "|---|---|---|---|---|---|---|"]
+        body += [f"## {t}", "", "| cell | row | metric | paper | ours | rounds | run |", "|---|---|---|---|---|---|---|"]
+        notes = []
         for c in cs:
-            d = data(c.config)
-            ref = data(c.reference) if c.reference else None
+            runs = data(c.config)
+            refs = data(c.reference) if c.reference else {}
             unit = c.paper_unit or ("%" if "acc" in c.metric else "")
             paper_s = "" if c.paper is None else f"{c.paper}{' ' + unit if unit and unit != 'rounds' else ''}"
-            if d is None and c.id in previous:
+            if not runs and c.id in previous:
                 ours, rounds, where = previous[c.id]
                 if "kept from the previous table" not in where:
                     where = f"{where} (kept from the previous table: run folder not found)"
-            elif d is None:
+                kept[c.id] = where
+                if f"seeds/{c.id}" in previous:
+                    notes.append(f"- `{c.id}`: {previous[f'seeds/{c.id}'][2]}")
+            elif not runs:
                 ours, rounds, where = "", "", "not run"
             else:
-                _, ours = value(c, d, ref)
-                rounds = f"{d.rounds_done}/{d.rounds_planned}"
-                if c.round is not None:
-                    rounds += f" (at {c.round})"
-                where = f"`{d.dir}`"
-            lines.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
-        lines.append("")
+                ours, per_seed = seeds_value(c, runs, refs)
+                rounds = _rounds_text(c, list(runs.values()))
+                base = next(iter(runs.values())).dir
+                base = base.parent if re.fullmatch(r"seed-\d+", base.name) else base
+                seeds = "" if len(runs) == 1 else f" seeds {', '.join(str(s) for s in runs)}"
+                cpu_h = sum(d.cpu_hours for d in runs.values())
+                where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h)"
+                if len(runs) > 1 and ours:
+                    notes.append(f"- `{c.id}`: {', '.join(per_seed)}")
+            body.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
+        if notes:
+            body += ["", "Per seed (seed: value) of the cells with several seeds:", "", *notes]
+        body.append("")
+    lines = [f"# {paper}: paper vs lowband", "",
+             f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M')}. One row per table cell of "
+             f"experiments/{paper}/reproduce.toml; *rounds* is the number of rounds the value comes from "
+             f"(of the config's planned rounds); an empty *ours* means the run has not been made. Where a "
+             f"config has several seed runs, *ours* is mean ± std over them (n seeds) and each seed's value is "
+             f"listed under the table; *run* gives each cell's CPU-hours.", "",
+             compute_line([d for cfg in configs for d in data(cfg).values()], len(configs), kept), "", *body]
     return "\n".join(lines)
 
 
@@ -410,22 +628,30 @@ def output_path(out: Optional[str], paper: str) -> Path:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     experiments = Path(args.experiments) if args.experiments else None
-    cells = select(load_cells(args.paper, experiments=experiments), args.only)
+    cells = with_seeds(select(load_cells(args.paper, experiments=experiments), args.only),
+                       getattr(args, "seeds", None))
     overrides = _overrides(args)
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
-    for cfg in configs:  # validate everything before anything runs
-        load_experiment(cfg, overrides)
+    plan = run_plan(cells, overrides)
+    for cfg, seed in plan:  # validate everything before anything runs
+        load_experiment(cfg, seed_overrides(cfg, overrides, seed))
     where = locate(args.paper, experiments)
-    print(f"lowband reproduce {args.paper}: {len(cells)} cells from {len(configs)} configs "
-          f"({where / args.paper / 'reproduce.toml'})")
+    extra = len(plan) - len(configs)
+    print(f"lowband reproduce {args.paper}: {len(cells)} cells from {len(configs)} configs"
+          + (f" ({len(plan)} runs with the seeds)" if extra else "")
+          + f" ({where / args.paper / 'reproduce.toml'})")
     if args.dry_run:
-        for cfg in configs:
-            print(f"  would run {short(cfg)}")
+        for cfg, seed in plan:
+            if seed is None or not seed_overrides(cfg, overrides, seed)[len(overrides):]:
+                print(f"  would run {short(cfg)}" + ("" if seed is None else f" seed {seed}"))
+            else:
+                rd = load_experiment(cfg, seed_overrides(cfg, overrides, seed)).run_dir()
+                print(f"  would run {short(cfg)} seed {seed} -> {rd}")
         return 0
     skipped = 0
     if not args.collect:
-        for cfg in configs:
-            skipped += run_config(cfg, overrides) is None
+        for cfg, seed in plan:
+            skipped += run_config(cfg, overrides, seed=seed) is None
     command = "lowband reproduce " + " ".join(a for a in sys.argv[2:]) if sys.argv[1:2] == ["reproduce"] \
         else f"lowband reproduce {args.paper}"
     out = output_path(args.out, args.paper)
@@ -435,7 +661,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(md)
     print(f"wrote {out}")
     if skipped:
-        print(f"{skipped} config(s) skipped (see above)", file=sys.stderr)
+        print(f"{skipped} run(s) skipped (see above)", file=sys.stderr)
     return 0
 
 
@@ -446,6 +672,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("paper", help="a paper with a reproduce.toml (spark, fedcspack, fol, kta)")
     p.add_argument("--only", help="comma-separated glob patterns or prefixes of cell ids, e.g. 'table1/a0.1/*'")
     p.add_argument("--rounds", type=int, help="override every config's rounds (shorter runs; said in the table)")
+    p.add_argument("--seeds", help="run every selected cell's config once per seed (e.g. 0,1,2 or 0-2; instead "
+                                   "of the cells' own `seeds`); tables show mean ± std over the seeds found")
     p.add_argument("--threads", type=int, help="torch threads per run")
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
     p.add_argument("--collect", action="store_true", help="run nothing; tabulate the runs that exist")
@@ -456,5 +684,5 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=cmd_reproduce)
 
 
-__all__ = ["Cell", "add_parser", "cmd_reproduce", "load_cells", "locate", "packaged_experiments", "select",
-           "table_markdown", "value"]
+__all__ = ["Cell", "add_parser", "cmd_reproduce", "load_cells", "locate", "packaged_experiments", "run_plan",
+           "seed_data", "seed_overrides", "select", "table_markdown", "value", "with_seeds"]

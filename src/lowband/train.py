@@ -93,9 +93,13 @@ def flatten(params: Params, names: Optional[list[str]] = None) -> torch.Tensor:
     return torch.cat([params[k].reshape(-1).to(torch.float32) for k in keys])
 
 
-def batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool = False) -> Iterator[torch.Tensor]:
-    """Index batches of a seeded permutation of ``range(n)``."""
+def batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool = False,
+            device: Optional[torch.device] = None) -> Iterator[torch.Tensor]:
+    """Index batches of a seeded permutation of ``range(n)``, drawn on the CPU generator
+    (the same batches on every device) and moved to ``device`` (that of the data) if given."""
     perm = torch.randperm(n, generator=gen)
+    if device is not None and perm.device != torch.device(device):
+        perm = perm.to(device)
     stop = n - (n % batch_size) if drop_last and n >= batch_size else n
     for i in range(0, stop, batch_size):
         yield perm[i : i + batch_size]
@@ -155,13 +159,13 @@ def sgd_train(
     opt = torch.optim.SGD(opt_params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0,
                           weight_decay=weight_decay)
     has_bn = skip_singleton_bn and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
     steps, seen = 0, 0
     for k in frozen:
         named[k].requires_grad_(False)
     try:
         for _ in range(epochs):
-            for idx in batches(n, batch_size, gen, drop_last=drop_last):
+            for idx in batches(n, batch_size, gen, drop_last=drop_last, device=x.device):
                 if has_bn and idx.numel() <= 1:
                     continue
                 opt.zero_grad(set_to_none=True)

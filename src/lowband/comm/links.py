@@ -293,10 +293,11 @@ def forward_flops(model: Any, input_shape: Sequence[int]) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     params = sum(p.numel() for p in model.parameters())
+    device = next((p.device for p in model.parameters()), None)  # the run's device
     model.eval()  # batch norm on one sample
     for dtype in (torch.float32, torch.long):
         try:
-            x = torch.zeros((1, *input_shape), dtype=dtype)
+            x = torch.zeros((1, *input_shape), dtype=dtype, device=device)
             counter = FlopCounterMode(display=False)
             with counter, torch.no_grad():
                 model(x)

@@ -117,8 +117,11 @@ class Network:
     """Encodes, counts and delivers messages (see the module docstring)."""
 
     def __init__(self, codecs: CodecConfig, ledger: Ledger, seed: int,
-                 validator: Optional[Validator] = None) -> None:
+                 validator: Optional[Validator] = None, device: Optional[torch.device] = None) -> None:
         self.codecs = codecs
+        #: where the receivers compute (the run's ``device``): decoded tensors are moved
+        #: there on receipt; None: they stay on the CPU, where the wire decodes them
+        self.device = device
         self.ledger = ledger
         self.seed = int(seed)
         self.validator = validator
@@ -228,6 +231,10 @@ class Network:
                 self._refuse(round, src, [d], got.kind, problem)
                 continue
             out[d] = self._attach(got if not out else got.clone(), stand_in)
+        if self.device is not None:  # decoded on the CPU; the receivers compute on the run's device
+            from ..device import to_device
+
+            out = {d: to_device(m, self.device) for d, m in out.items()}
         return out
 
     def screen(self, round: int, inboxes: dict[int, list]) -> dict[int, list]:

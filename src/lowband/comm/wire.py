@@ -198,6 +198,7 @@ def encode_message(msg: Message, codec: Codec, gen: torch.Generator,
         if not isinstance(t, torch.Tensor):
             raise WireError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
         what = f"tensor {name!r}"
+        t = t.detach().cpu()  # encoded on the CPU: the same bytes (and codec state) on every device
         if t.is_floating_point():
             try:
                 if stateful:

@@ -89,7 +89,7 @@ class Federation:
         """(clients x classes) counts over each node's full local data (train+val+test)."""
         rows = []
         for nd in self.nodes:
-            y = torch.cat([nd.train_y, nd.val_y, nd.test_y]).numpy()
+            y = torch.cat([nd.train_y, nd.val_y, nd.test_y]).cpu().numpy()
             rows.append(np.bincount(y, minlength=self.num_classes)[: self.num_classes])
         return np.stack(rows) if rows else np.zeros((0, self.num_classes), np.int64)
 

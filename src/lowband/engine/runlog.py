@@ -98,7 +98,8 @@ def is_run_folder(folder: Path) -> bool:
 def _comparable(toml_text: str) -> str:
     """The saved config without the keys a resume may change: ``rounds`` and where the
     rounds execute (``executor``, ``ray_*``), which changes no number (tested in
-    tests/test_ray.py)."""
+    tests/test_ray.py), the ``device`` (a run saved on a GPU continues on the CPU and back;
+    floating-point results may differ between devices) and the extra outputs (``log``)."""
     import tomllib
 
     d = tomllib.loads(toml_text)
@@ -108,7 +109,7 @@ def _comparable(toml_text: str) -> str:
         d = tomllib.loads(validate(d).to_toml())
     except Exception:  # noqa: BLE001 - a config the current schema rejects compares as saved
         pass
-    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus"):
+    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log"):
         d.pop(key, None)
     return json.dumps(d, sort_keys=True)
 
@@ -123,6 +124,9 @@ class RunLog:
         self.timing_path = self.dir / "timing.jsonl"
         self.summary_path = self.dir / "summary.json"
         self.ckpt_path = self.dir / "checkpoint.pt"
+        #: log.tensorboard: metrics also go to RUN/tb/ (lowband.tblog), opened at the first line
+        self.tensorboard = False
+        self._tb: Any = None
 
     # -- opening -------------------------------------------------------------------
     @classmethod
@@ -137,6 +141,7 @@ class RunLog:
         except OSError as exc:
             raise RunDirError(f"run folder {d}: cannot write there ({exc.strerror or type(exc).__name__}); "
                               f"choose another out_dir (or --out)") from None
+        log.tensorboard = exp.log.tensorboard
         return log
 
     @classmethod
@@ -145,6 +150,14 @@ class RunLog:
         nothing (the CLI calls it before building the experiment, to refuse early)."""
         log = cls(run_dir or exp.run_dir())
         d = log.dir
+        if exp.log.tensorboard:  # a missing optional package is refused before anything is written
+            from lowband.config import ConfigError
+            from lowband.tblog import require_tensorboard
+
+            try:
+                require_tensorboard()
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if d.exists() and not d.is_dir():
             raise RunDirError(f"run folder {d} is a file, not a folder; choose another out_dir (or --out)")
         has_results = log.metrics_path.exists() or log.ckpt_path.exists() or log.summary_path.exists()
@@ -160,7 +173,7 @@ class RunLog:
                 raise RunDirError(f"--resume: cannot read {log.config_path} ({type(exc).__name__})") from None
             if _comparable(saved) != _comparable(exp.to_toml()):
                 raise RunDirError(
-                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor' and 'ray_*' may change); "
+                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor', 'ray_*', 'device' and 'log' may change); "
                     f"resume with the same config or choose another out_dir"
                 )
             done = log.completed_rounds()
@@ -199,6 +212,13 @@ class RunLog:
 
     def log_metrics(self, rec: dict[str, Any]) -> None:
         self.append(self.metrics_path, rec)
+        if self.tensorboard:
+            if self._tb is None:  # (re)built from metrics.jsonl: a resumed run logs each round once
+                from lowband.tblog import TB_DIR, TensorBoardLog
+
+                self._tb = TensorBoardLog(self.dir / TB_DIR, self.metrics())
+            else:
+                self._tb.add(rec)
 
     def log_timing(self, rec: dict[str, Any]) -> None:
         self.append(self.timing_path, rec)
@@ -242,12 +262,15 @@ class RunLog:
         if not self.ckpt_path.exists():
             return None
         try:
-            return torch.load(self.ckpt_path, weights_only=True)
+            return torch.load(self.ckpt_path, map_location="cpu", weights_only=True)  # any device: moved by the run
         except Exception as exc:  # noqa: BLE001 - report any unreadable checkpoint in one line
             raise RunDirError(f"{self.ckpt_path}: unreadable checkpoint ({type(exc).__name__}); "
                               f"delete it to restart the run from round 0") from None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
         atomic_write_text(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
 
     def write_ledger(self, ledger: Any) -> None:

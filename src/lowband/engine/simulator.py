@@ -40,6 +40,7 @@ from lowband.config import ConfigError, Experiment, hyperparams
 from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation, build_federation
 from lowband.data.sources import Dataset, load_dataset
+from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
 from lowband.engine.evaluation import Evaluator
 from lowband.engine.executor import NodeEnv, ServerData, make_executor
@@ -173,7 +174,8 @@ class ModelBuilder:
     """
 
     def __init__(self, name: str, mix: list[str], num_classes: int, input_shape: tuple[int, ...],
-                 options: dict[str, dict[str, Any]], seed: int):
+                 options: dict[str, dict[str, Any]], seed: int, device: Optional[torch.device] = None):
+        self.device = None if is_cpu(device) else device  # modules and init on the run's device
         self.name, self.mix = name, list(mix)
         self.num_classes, self.input_shape = num_classes, tuple(input_shape)
         self.options, self.seed = options, int(seed)
@@ -187,14 +189,15 @@ class ModelBuilder:
 
     def __call__(self, node: int) -> torch.nn.Module:
         a = self.key(node)
-        return build_model(a, num_classes=self.num_classes, input_shape=self.input_shape, **self.options[a])
+        m = build_model(a, num_classes=self.num_classes, input_shape=self.input_shape, **self.options[a])
+        return m if self.device is None else m.to(self.device)
 
     def init_params(self, node: int) -> dict[str, torch.Tensor]:
         a = self.key(node)
         if a not in self._init:
             m = build_model(a, num_classes=self.num_classes, input_shape=self.input_shape,
                             seed=derive_seed(self.seed, "init", a), **self.options[a])
-            self._init[a] = get_params(m)
+            self._init[a] = get_params(m if self.device is None else m.to(self.device))  # CPU init: same on any device
         return {k: v.clone() for k, v in self._init[a].items()}
 
 
@@ -218,10 +221,17 @@ class Simulation:
         self.write = write
         if exp.threads:
             torch.set_num_threads(exp.threads)
+        with config_errors("device"):
+            self.device = resolve_device(exp.device)
+            if not is_cpu(self.device) and exp.executor != "serial":
+                raise ValueError(f"{exp.device!r} runs on the serial executor only (executor {exp.executor!r} "
+                                 f"workers compute on the CPU); use device = \"cpu\" or executor = \"serial\"")
         self.alg: Algorithm = ALGORITHMS[exp.algorithm.name](hyperparams(exp))
         checks.check_experiment(exp, self.alg)  # refuse what cannot be measured, before any work
         with config_errors("data"):
             self.fed = federation if federation is not None else make_federation(exp)
+        if not is_cpu(self.device):  # the data lives where the training runs
+            self.fed = to_device(self.fed, self.device)
         self.num_nodes = len(self.fed.nodes)
         self.alg.num_nodes = self.num_nodes
         with config_errors("topology"):
@@ -233,7 +243,8 @@ class Simulation:
         mix = list(exp.model.mix or [])
         with config_errors("model"):
             builder = ModelBuilder(exp.model.name, mix, num_classes, tuple(self.fed.input_shape),
-                                   {a: model_options(exp, self.fed, a) for a in {exp.model.name, *mix}}, exp.seed)
+                                   {a: model_options(exp, self.fed, a) for a in {exp.model.name, *mix}}, exp.seed,
+                                   device=self.device)
             self.model_size = count_params(builder(0))
             self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(mix)} if mix else {}
         with config_errors("comm"):
@@ -242,6 +253,7 @@ class Simulation:
             self.network = Network(
                 CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
                 self.ledger, exp.seed, validator=Validator(policy, ExpectedShapes(builder.init_params, builder.key)),
+                device=None if is_cpu(self.device) else self.device,
             )
         with config_errors("faults"):
             f = exp.faults
@@ -399,7 +411,7 @@ class Simulation:
         ckpt = log.load_checkpoint() if (log is not None and self.resume) else None
         if ckpt is not None:
             start = int(ckpt["round"])
-            self.executor.load_state_dict(ckpt["states"])
+            self.executor.load_state_dict(ckpt["states"] if is_cpu(self.device) else to_device(ckpt["states"], self.device))
             self.ledger.load_state_dict(ckpt["ledger"])
             self._load_codec_states(ckpt.get("codecs", {}))
             self.incidents = {int(r): {str(k): int(v) for k, v in per.items()}

@@ -65,7 +65,7 @@ from lowband.algorithms.base import SERVER, Envelope, Outbox, Step
 from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message as LBMessage
 from lowband.comm.network import Network
-from lowband.config import Experiment, apply_overrides, load_toml, validate
+from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
 from lowband.engine.evaluation import _eval_node_global, _eval_personal, _eval_server, worst_fraction_mean
 from lowband.engine.runlog import RunLog, summarize
 from lowband.engine.simulator import Simulation, encode_outbox
@@ -96,7 +96,11 @@ def experiment_from_run_config(run_config: dict[str, Any], base_dir: Optional[Pa
     if run_config.get("out-dir"):
         raw["out_dir"] = str(run_config["out-dir"])
     raw["executor"] = "serial"  # each side runs its own nodes in-process
-    return validate(raw)
+    exp = validate(raw)
+    if exp.device != "cpu":  # its decoders hand out CPU tensors (lowband.flower.guard)
+        raise ConfigError(f"device: the Flower adapter runs on the CPU only, got device = {exp.device!r}; "
+                          f"leave device out (or \"cpu\") for flwr run")
+    return exp
 
 
 def _check_exportable(sim: Simulation) -> None:

@@ -56,7 +56,7 @@ def sam_train(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor
         return get_params(model), TrainStats(loss=float("nan"), steps=0, samples=0)
     ps = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(ps, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
     steps = seen = 0
     for _ in range(epochs):
         for idx in batches(n, batch_size, gen):

@@ -80,12 +80,12 @@ def erk_densities(shapes: dict[str, tuple[int, ...]], density: float, power: flo
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """A bool mask as a packed bitmap (uint8, ``ceil(numel / 8)`` bytes)."""
-    return torch.from_numpy(np.packbits(mask.reshape(-1).numpy().astype(np.uint8)))
+    return torch.from_numpy(np.packbits(mask.reshape(-1).cpu().numpy().astype(np.uint8)))
 
 
 def unpack_mask(bits: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     n = math.prod(shape)
-    return torch.from_numpy(np.unpackbits(bits.numpy(), count=n).astype(bool)).reshape(shape)
+    return torch.from_numpy(np.unpackbits(bits.cpu().numpy(), count=n).astype(bool)).reshape(shape)
 
 
 @register
@@ -107,7 +107,7 @@ class DisPFL(GossipAlgorithm):
                 continue
             numel = w[n].numel()
             keep = int(dens[n] * numel)
-            m = torch.zeros(numel, dtype=torch.bool)
+            m = torch.zeros(numel, dtype=torch.bool, device=w[n].device)
             m[torch.randperm(numel, generator=g)[:keep]] = True
             masks[n] = m.view(w[n].shape)
             w[n] = w[n] * masks[n]
@@ -183,8 +183,8 @@ class DisPFL(GossipAlgorithm):
             dense_n += 1
             for k, v in own.items():
                 if k in masks:
-                    m = unpack_mask(t[f"{k}::mask"], tuple(v.shape))
-                    full = torch.zeros(v.numel())
+                    m = unpack_mask(t[f"{k}::mask"], tuple(v.shape)).to(v.device)
+                    full = torch.zeros(v.numel(), device=v.device)
                     full[m.reshape(-1)] = t[f"{k}::vals"]
                     total[k] += full.view(v.shape)
                     count[k] += m.to(torch.float32)

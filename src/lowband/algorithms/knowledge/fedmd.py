@@ -84,7 +84,7 @@ def stratified_subset(y: torch.Tensor, n: int, rng: np.random.Generator) -> np.n
     m = int(y.numel())
     if n >= m:
         return np.arange(m, dtype=np.int64)
-    labels = y.numpy()
+    labels = y.cpu().numpy()
     classes, counts = np.unique(labels, return_counts=True)
     exact = counts * n / m
     take = np.floor(exact).astype(np.int64)
@@ -109,7 +109,7 @@ def adam_fit(model: nn.Module, params: Params, x: torch.Tensor, target: torch.Te
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     skip = bn_skip and _has_bn(model)
     best, wait = -float("inf"), 0
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
     steps = seen = 0
     for _ in range(epochs):
         model.train()

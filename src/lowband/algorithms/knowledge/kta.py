@@ -95,7 +95,7 @@ def market(z: torch.Tensor, y: torch.Tensor, *, k: int = 5, temperature: float =
     p = torch.softmax(z, dim=-1)
     v = F.normalize(p.reshape(n, -1), dim=1)
     sim = v @ v.T  # cosine; >= 0 because probabilities are >= 0
-    acc = (z.argmax(-1) == y.view(1, -1)).to(torch.float64).mean(1) if nref else torch.zeros(n, dtype=torch.float64)
+    acc = (z.argmax(-1) == y.view(1, -1)).to(torch.float64).mean(1) if nref else torch.zeros(n, dtype=torch.float64, device=z.device)
     if score == "similarity_accuracy":
         s = sim * acc.view(1, -1)
     elif score == "similarity":
@@ -104,13 +104,13 @@ def market(z: torch.Tensor, y: torch.Tensor, *, k: int = 5, temperature: float =
         s = acc.view(1, -1).expand(n, n).clone()
     else:
         raise ValueError(f"score must be similarity_accuracy, similarity or accuracy; got {score!r}")
-    w = torch.zeros(n, n, dtype=torch.float64)
+    w = torch.zeros(n, n, dtype=torch.float64, device=z.device)
     for i in range(n):
         cand = [j for j in range(n) if include_self or j != i]
         if not cand:
             continue
         kk = len(cand) if k <= 0 else min(k, len(cand))
-        sc = s[i, cand].numpy()
+        sc = s[i, cand].cpu().numpy()
         order = np.argsort(-sc, kind="stable")[:kk]  # ties: lower client id first
         chosen = [cand[o] for o in order]
         if weighting == "uniform":
@@ -164,7 +164,7 @@ def distill(model: nn.Module, params: Params, ref_x: torch.Tensor, q: torch.Tens
     skip = bn_skip and _has_bn(model)
     use_priv = lam < 1 and npriv > 0
     priv_iter = iter(())
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=ref_x.device)
     steps = seen = 0
     t2 = temperature * temperature
     for _ in range(epochs):

@@ -61,7 +61,8 @@ class CoBoosting(DENSE):
 
     def init_teachers(self, state: State) -> State:
         n = len(state["teachers"])
-        return {**state, "ens_w": torch.full((n,), 1.0 / n)}
+        dev = next(iter(state["teachers"][0].values())).device
+        return {**state, "ens_w": torch.full((n,), 1.0 / n, device=dev)}
 
     @staticmethod
     def _mix(w: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -106,7 +107,7 @@ class CoBoosting(DENSE):
             return xn
         xn = xn.detach().clone().requires_grad_()
         out = self.ensemble_logits(nets, xn, state)
-        r = torch.rand(out.shape, generator=gen) * 2 - 1
+        r = torch.rand(out.shape, generator=gen).to(out.device) * 2 - 1
         (r * F.softmax(out / 4.0, dim=1)).sum().backward()
         return (xn + hp.odseta * torch.sign(xn.grad)).detach()
 

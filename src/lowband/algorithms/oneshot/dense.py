@@ -195,10 +195,12 @@ class DENSE(Algorithm):
         hp = self.hp
         mean, std = self._stats(ctx, shape)
         gen = ctx.rng("synth", state["epoch"])
+        dev = next(student.parameters()).device  # drawn on the CPU (the same on any device), then moved
         G = Generator(hp.nz, hp.ngf, shape)
         G.reset()
-        z = torch.randn(hp.synthesis_batch, hp.nz, generator=gen).requires_grad_()
-        y = torch.randint(0, ctx.num_classes, (hp.synthesis_batch,), generator=gen)
+        G.to(dev)
+        z = torch.randn(hp.synthesis_batch, hp.nz, generator=gen).to(dev).requires_grad_()
+        y = torch.randint(0, ctx.num_classes, (hp.synthesis_batch,), generator=gen).to(dev)
         opt = torch.optim.Adam([{"params": G.parameters()}, {"params": [z]}], lr=hp.lr_g, betas=(0.5, 0.999))
         bn_loss = BNStatLoss(nets)
         bn_scale = 1.0 / len(nets) if self.bn_per_teacher else 1.0

@@ -231,6 +231,8 @@ def model_message(params: Params, arch: Arch, meta: Optional[dict[str, Any]] = N
 
 def _build(arch: Arch, params: Params) -> GraphNet:
     net = GraphNet(arch)
+    if params:  # on the parameters' device (the run's)
+        net = net.to(next(iter(params.values())).device)
     net.load_state_dict(params)
     return net
 
@@ -350,7 +352,7 @@ class FOL(_OneShotBase):
         if hp.prune_epochs <= 0 or not groups or d.n_train == 0:
             return {}, params
         shared = {ni: li for li, ni in match_layers(local_arch, arch)}
-        gates = {g["gate"]: torch.ones(g["channels"], requires_grad=True) for g in groups}
+        gates = {g["gate"]: torch.ones(g["channels"], device=d.train_x.device, requires_grad=True) for g in groups}
         anchors = {}
         for g in groups:
             li = shared.get(g["layer"])
@@ -402,7 +404,7 @@ class FOL(_OneShotBase):
     def fit_weights(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``w = softmax(beta)`` minimising CE of ``sum_i w_i logits_i`` (K, N, C)."""
         k = int(logits.shape[0])
-        beta = torch.zeros(k, requires_grad=True)
+        beta = torch.zeros(k, device=logits.device, requires_grad=True)
         if self.hp.ensemble_steps == 0 or int(y.numel()) == 0 or k == 1:
             return torch.softmax(beta.detach(), 0)
         opt = torch.optim.Adam([beta], lr=self.hp.ensemble_lr)

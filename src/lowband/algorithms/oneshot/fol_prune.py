@@ -497,7 +497,7 @@ def prune(arch: Arch, params: Params, gates: dict[int, torch.Tensor], threshold:
         # the consumer's input columns
         w = new[f"mods.{ci}.weight"]
         pc = g["per_channel"]
-        cols = (idx[:, None] * pc + torch.arange(pc)[None, :]).flatten() if pc > 1 else idx
+        cols = (idx[:, None] * pc + torch.arange(pc, device=idx.device)[None, :]).flatten() if pc > 1 else idx
         new[f"mods.{ci}.weight"] = w[:, cols]
         if ops[li]["op"] == "conv":
             ops[li]["cout"] = int(idx.numel())

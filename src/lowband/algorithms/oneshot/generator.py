@@ -68,8 +68,8 @@ class Generator(nn.Module):
 
 def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """``[0, 1]`` images -> the classifiers' normalised input space."""
-    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (x - m) / s
 
 
@@ -78,13 +78,13 @@ def augment_batch(x: torch.Tensor, gen: torch.Generator, pad: int = 4, flip: boo
     (differentiable)."""
     n, _, h, w = x.shape
     padded = F.pad(x, (pad, pad, pad, pad))
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    flips = torch.rand(n, generator=gen) < 0.5
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen).to(x.device)  # CPU draws: the same on any device
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen).to(x.device)
+    flips = (torch.rand(n, generator=gen) < 0.5).to(x.device)
     if not flip:
         flips = torch.zeros_like(flips)
-    rows = (dy[:, None] + torch.arange(h)[None, :])  # (n, h)
-    cols = (dx[:, None] + torch.arange(w)[None, :])  # (n, w)
+    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])  # (n, h)
+    cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])  # (n, w)
     cols = torch.where(flips[:, None], cols.flip(1), cols)
     idx_r = rows[:, None, :, None].expand(n, x.shape[1], h, padded.shape[3])
     out = padded.gather(2, idx_r)

@@ -56,7 +56,7 @@ def features_of(model: nn.Module, params: Optional[Params], x: torch.Tensor, bat
 def class_prototypes(feats: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(C, D) per-class mean representation and a (C,) bool mask of the classes present."""
     d = feats.shape[1] if feats.ndim == 2 else 0
-    protos = torch.zeros(num_classes, d)
+    protos = torch.zeros(num_classes, d, device=feats.device)
     counts = torch.bincount(y, minlength=num_classes)[:num_classes].to(torch.float32)
     protos.index_add_(0, y, feats.to(torch.float32))
     valid = counts > 0

@@ -172,8 +172,8 @@ def aggregate_packs(glob_packs: torch.Tensor, uploads: Sequence[tuple[torch.Tens
     S_j > 0: ``glob_j + sum_i (M_ij / S_j) delta_ij``; other packs are unchanged.
     """
     n, pack = glob_packs.shape
-    S = torch.zeros(n, dtype=torch.float32)
-    num = torch.zeros(n, pack, dtype=torch.float32)
+    S = torch.zeros(n, dtype=torch.float32, device=glob_packs.device)
+    num = torch.zeros(n, pack, dtype=torch.float32, device=glob_packs.device)
     for idx, vals, packs in uploads:
         idx = idx.to(torch.int64).flatten()
         vals = vals.to(torch.float32).flatten()
@@ -227,7 +227,8 @@ class FedCSPACK(FedAvg):
     def init_server(self, ctx: NodeContext) -> State:
         params = ctx.init_params()
         n = num_packs(sum(params[k].numel() for k in param_names(ctx.model)), self.hp.pack)
-        return {"params": params, "mask": torch.zeros(n, dtype=torch.float32)}
+        dev = next(iter(params.values())).device
+        return {"params": params, "mask": torch.zeros(n, dtype=torch.float32, device=dev)}
 
     def node_params(self, state: State) -> Optional[Params]:
         return state.get("params") if self.hp.variant == "paper" else None

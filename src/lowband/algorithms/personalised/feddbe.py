@@ -73,7 +73,8 @@ class FedDBE(FedAvg):
     def init_node(self, ctx: NodeContext) -> State:
         params = ctx.init_params()
         d = ctx.model.feature_dim
-        return {"params": params, "client_mean": torch.zeros(d), "global_mean": torch.zeros(d)}
+        dev = next(iter(params.values())).device
+        return {"params": params, "client_mean": torch.zeros(d, device=dev), "global_mean": torch.zeros(d, device=dev)}
 
     def node_params(self, state: State) -> Optional[Params]:
         p = state.get("params")
@@ -104,8 +105,8 @@ class FedDBE(FedAvg):
     def server_global_mean(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         if not inbox:  # every client's mean was refused (or dropped): no global mean this time
             return state, Outbox()
-        w = torch.tensor([float(e.msg.meta["num_examples"]) for e in inbox])
         means = torch.stack([e.msg.tensors["running_mean"] for e in inbox])
+        w = torch.tensor([float(e.msg.meta["num_examples"]) for e in inbox], device=means.device)
         g = (w[:, None] * means).sum(0) / w.sum()
         dsts = [e.src for e in inbox]
         return state, Outbox().broadcast(dsts, Message("dbe_global_mean", {"global_mean": g}))

@@ -59,8 +59,8 @@ def feature_statistics(feats: torch.Tensor, y: torch.Tensor, num_classes: int) -
     mu, valid = class_prototypes(feats, y, num_classes)
     counts = torch.bincount(y, minlength=num_classes)[:num_classes].to(torch.float32)
     py = counts / max(n, 1)
-    sq = torch.zeros(num_classes).index_add_(0, y, (feats.to(torch.float32) ** 2).sum(1))
-    mean_sq = torch.where(valid, sq / counts.clamp(min=1), torch.zeros(()))
+    sq = torch.zeros(num_classes, device=feats.device).index_add_(0, y, (feats.to(torch.float32) ** 2).sum(1))
+    mean_sq = torch.where(valid, sq / counts.clamp(min=1), torch.zeros((), device=feats.device))
     v = float((py * mean_sq).sum() - (py ** 2 * (mu ** 2).sum(1)).sum()) / max(n, 1)
     return v, py[:, None] * mu
 
@@ -69,7 +69,7 @@ def combination_weights(V: Sequence[float], H: Sequence[torch.Tensor], i: int, e
     """Solve min a^T (diag(V) + D_i) a, a >= 0, sum a = 1 (D_i as in the module docstring);
     None if the solver fails."""
     m = len(V)
-    diffs = torch.stack([(H[i] - H[j]).reshape(-1).to(torch.float64) for j in range(m)])
+    diffs = torch.stack([(H[i] - H[j]).reshape(-1).to(torch.float64) for j in range(m)]).cpu()  # a CPU QP
     P = (torch.diag(torch.tensor(V, dtype=torch.float64)) + diffs @ diffs.T).numpy()
     P = 0.5 * (P + P.T)
     res = minimize(lambda a: float(a @ P @ a), np.full(m, 1.0 / m), jac=lambda a: 2 * P @ a, method="SLSQP",
@@ -94,9 +94,10 @@ class FedPAC(FedAvg):
         return {"params": ctx.init_params()}
 
     def init_server(self, ctx: NodeContext) -> State:
-        d = ctx.model.feature_dim
-        return {"params": ctx.init_params(), "protos": torch.zeros(ctx.num_classes, d),
-                "proto_valid": torch.zeros(ctx.num_classes, dtype=torch.bool)}
+        d, params = ctx.model.feature_dim, ctx.init_params()
+        dev = next(iter(params.values())).device
+        return {"params": params, "protos": torch.zeros(ctx.num_classes, d, device=dev),
+                "proto_valid": torch.zeros(ctx.num_classes, dtype=torch.bool, device=dev)}
 
     def steps(self, round: int, plan: RoundPlan) -> list[Step]:
         return super().steps(round, plan) + [Step("pac_head", plan.participants, self.client_set_head)]

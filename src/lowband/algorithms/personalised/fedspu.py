@@ -87,7 +87,8 @@ class FedSPU(FedAvg):
         for mod, names in unit_groups(ctx.model).items():
             units = ctx.model.get_parameter(names[0]).shape[0]
             k = max(1, math.ceil(r * units - 1e-9))
-            out[mod] = torch.sort(torch.randperm(units, generator=gen)[:k]).values
+            dev = ctx.model.get_parameter(names[0]).device  # drawn on the CPU, used where the model is
+            out[mod] = torch.sort(torch.randperm(units, generator=gen)[:k]).values.to(dev)
         return out
 
     def server_broadcast(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
@@ -116,7 +117,7 @@ class FedSPU(FedAvg):
         groups = unit_groups(ctx.model)
         new = {k: v.clone() for k, v in glob.items()}
         acc = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in glob.items() if v.is_floating_point()}
-        wsum = {k: torch.zeros(v.shape[0] if v.ndim else 1) for k, v in acc.items()}
+        wsum = {k: torch.zeros(v.shape[0] if v.ndim else 1, device=v.device) for k, v in acc.items()}
         for e in inbox:
             w = float(e.msg.meta["num_examples"])
             sel = picks[str(e.src)]
@@ -127,7 +128,7 @@ class FedSPU(FedAvg):
                     wsum[n] += w
                 elif mod in sel and n in groups[mod]:
                     acc[n].index_add_(0, sel[mod], w * t.to(torch.float32))
-                    wsum[n].index_add_(0, sel[mod], torch.full((sel[mod].numel(),), w))
+                    wsum[n].index_add_(0, sel[mod], torch.full((sel[mod].numel(),), w, device=wsum[n].device))
         for n, a in acc.items():
             hit = wsum[n] > 0
             if not bool(hit.any()):
@@ -151,7 +152,7 @@ class FedSPU(FedAvg):
                 params[n] = rx[n].clone()
         masks = {}
         for mod, names in groups.items():
-            keep = torch.zeros(params[names[0]].shape[0], dtype=torch.bool)
+            keep = torch.zeros(params[names[0]].shape[0], dtype=torch.bool, device=params[names[0]].device)
             if mod in sel:
                 keep[sel[mod]] = True
             for n in names:

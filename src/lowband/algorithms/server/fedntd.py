@@ -29,8 +29,8 @@ class FedNTDHP(FedAvgHP):
 def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(B, C-1) logits with each row's true class removed (order of the rest kept)."""
     b, c = logits.shape
-    keep = torch.ones(b, c, dtype=torch.bool)
-    keep[torch.arange(b), y] = False
+    keep = torch.ones(b, c, dtype=torch.bool, device=logits.device)
+    keep[torch.arange(b, device=logits.device), y] = False
     return logits[keep].reshape(b, c - 1)
 
 

@@ -40,7 +40,7 @@ def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
     pos = F.cosine_similarity(z, z_glob, dim=-1) / temperature
     neg = F.cosine_similarity(z, z_prev, dim=-1) / temperature
     logits = torch.stack([pos, neg], dim=1)
-    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long))
+    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
 
 
 @register

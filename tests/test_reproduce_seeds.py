@@ -1,0 +1,267 @@
+"""Seeds in ``lowband reproduce`` (issue 15 part 7, issue 16 part 2): each seed of a config
+runs once in the layout the lead's runs use (the config's seed in ``runs/<name>/``, seed
+``s`` in ``runs/<name>/seed-<s>/``) or in ``lowband run --seeds``'s (``seed-<s>/`` for every
+seed); tables show mean ± std (n) with the per-seed values; ``lowband compare`` too."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from conftest import digits_config
+from lowband.config import ConfigError
+from lowband.engine.runlog import RunLog
+
+
+def _paper(root: Path, seeds: object = None, rounds: int = 2, seed: int = 0) -> Path:
+    """A one-config paper ``toy`` (DFedAvg on digits, run folder runs/toy) with two cells;
+    ``seeds`` on the first cell."""
+    exp = root / "papers" / "toy"
+    exp.mkdir(parents=True)
+    cfg = digits_config(root, "dfedavg", rounds=rounds)
+    cfg.update(seed=seed, out_dir="runs/toy")
+    cfg["eval"] = {"protocols": ["consensus"], "main": "consensus/acc", "target": 0.05}
+    (exp / "dfedavg.toml").write_text(tomli_w.dumps(cfg))
+    acc = {"id": "t/acc", "table": "t", "config": "dfedavg.toml", "metric": "consensus/acc"}
+    if seeds is not None:
+        acc["seeds"] = seeds
+    runs = [acc, {"id": "t/rounds", "table": "t", "config": "dfedavg.toml", "metric": "rounds_to_target"}]
+    (exp / "reproduce.toml").write_text(tomli_w.dumps({"paper": "toy", "run": runs}))
+    return root / "papers"
+
+
+def _row(table: Path, cell: str) -> list[str]:
+    line = next(x for x in table.read_text().splitlines() if x.startswith(f"| {cell} |"))
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _final_acc(run: Path) -> float:
+    return 100 * RunLog.read_jsonl(run / "metrics.jsonl")[-1]["consensus/acc"]
+
+
+def test_cell_seeds_run_once_each_in_the_leads_layout_and_show_mean_std(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1, 2])
+    monkeypatch.chdir(tmp_path)
+    # seeds 0 and 1 made beforehand as the lead makes them: reused, not run again
+    cfg = str(papers / "toy" / "dfedavg.toml")
+    assert main(["run", cfg, "--quiet"]) == 0
+    assert main(["run", cfg, "seed=1", "out_dir=runs/toy/seed-1", "--quiet"]) == 0
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "reuse   papers/toy/dfedavg.toml seed 0 -> runs/toy (" in out
+    assert "reuse   papers/toy/dfedavg.toml seed 1 -> runs/toy/seed-1" in out
+    assert "run     papers/toy/dfedavg.toml seed 2 -> runs/toy/seed-2" in out
+    runs = {0: tmp_path / "runs" / "toy", 1: tmp_path / "runs" / "toy" / "seed-1",
+            2: tmp_path / "runs" / "toy" / "seed-2"}
+    for s, d in runs.items():
+        assert tomllib.loads((d / "config.toml").read_text())["seed"] == s
+    accs = [_final_acc(d) for d in runs.values()]
+    assert len(set(accs)) > 1  # the seeds really differ
+    table = tmp_path / "out" / "toy_table.md"
+    row = _row(table, "t/acc")
+    m = re.fullmatch(r"([\d.]+) ± ([\d.]+) \(n=3\)", row[4])
+    assert m, row
+    assert float(m.group(1)) == pytest.approx(statistics.mean(accs), abs=0.006)
+    assert float(m.group(2)) == pytest.approx(statistics.stdev(accs), abs=0.006)
+    assert row[5] == "2/2" and row[6].startswith("`runs/toy` seeds 0, 1, 2 (") and "CPU-h)" in row[6]
+    text = table.read_text()
+    assert "- `t/acc`: " + ", ".join(f"{s}: {a:.2f}" for s, a in zip(runs, accs)) in text
+    # a cell without seeds of the same config shows every seed found too
+    assert _row(table, "t/rounds")[4].endswith("(n=3)")
+    assert "in the 3 runs made of 1 configs" in text
+    # again: every seed is reused, nothing runs
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("  reuse   ") == 3 and "  run     " not in out
+
+
+def test_collect_counts_the_seeds_found_and_keeps_gone_cells_with_their_seeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1])
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    assert _row(table, "t/acc")[4].endswith("(n=2)")
+    shutil.rmtree(tmp_path / "runs" / "toy" / "seed-1")
+    assert main([*args, "--collect"]) == 0
+    row = _row(table, "t/acc")
+    assert "±" not in row[4] and re.fullmatch(r"[\d.]+", row[4]) and row[6].startswith("`runs/toy` (")
+    seed0 = f"{_final_acc(tmp_path / 'runs' / 'toy'):.2f}"
+    assert row[4] == seed0
+    # seeds 0 and 1 again, then every run folder gone: the row and its per-seed values are kept
+    assert main(args) == 0
+    two = _row(table, "t/acc")
+    notes = [x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:")]
+    assert len(notes) == 1
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--collect"]) == 0
+    kept = _row(table, "t/acc")
+    assert kept[4] == two[4] and "kept from the previous table" in kept[6]
+    assert [x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:")] == notes
+    compute = next(x for x in table.read_text().splitlines() if x.startswith("**Compute"))
+    assert "in the 0 runs made of 1 configs" in compute and "Cells kept from the previous table add" in compute
+
+
+def test_batch_seeds_layout_is_read_and_extended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """Folders made by ``lowband run CONFIG --seeds 0,1`` (every seed in seed-<s>/)."""
+    from lowband.cli import main
+    from lowband.report import load_run
+
+    papers = _paper(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cfg = str(papers / "toy" / "dfedavg.toml")
+    assert main(["run", cfg, "--seeds", "0,1", "--workers", "1", "--quiet"]) == 0
+    assert not (tmp_path / "runs" / "toy" / "config.toml").exists()
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main([*args, "--collect"]) == 0
+    assert _row(tmp_path / "out" / "toy_table.md", "t/acc")[4].endswith("(n=2)")
+    capsys.readouterr()
+    assert main([*args, "--seeds", "0-2"]) == 0
+    out = capsys.readouterr().out
+    assert "reuse   papers/toy/dfedavg.toml seed 0 -> runs/toy/seed-0" in out  # not a new run in runs/toy
+    assert "run     papers/toy/dfedavg.toml seed 2 -> runs/toy/seed-2" in out
+    assert not (tmp_path / "runs" / "toy" / "config.toml").exists()
+    assert _row(tmp_path / "out" / "toy_table.md", "t/rounds")[4].endswith("(n=3)")
+    rec = load_run(tmp_path / "runs" / "toy")
+    assert len(rec.seeds) == 3
+
+
+def test_compare_groups_a_run_folder_with_its_seed_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """``lowband compare runs/<name>`` on the reproduce layout: mean ± std over the seeds."""
+    from lowband.cli import main
+    from lowband.report import load_run
+
+    papers = _paper(tmp_path, seeds=[0, 1])
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
+    rec = load_run(tmp_path / "runs" / "toy")
+    assert [r.summary["seed"] for r in rec.seeds] == [0, 1]
+    # a seed-<s> folder that repeats the run folder's own seed counts once
+    shutil.copytree(tmp_path / "runs" / "toy", tmp_path / "runs" / "toy" / "seed-0",
+                    ignore=shutil.ignore_patterns("seed-*"))
+    assert len(load_run(tmp_path / "runs" / "toy").seeds) == 2
+    capsys.readouterr()
+    assert main(["compare", "runs/toy", "--out", "cmp"]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    accs = [_final_acc(tmp_path / "runs" / "toy"), _final_acc(tmp_path / "runs" / "toy" / "seed-1")]
+    assert f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f}" in table and "(2 seeds)" in table
+
+
+def test_seed_folders_follow_the_configs_own_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lowband.reproduce import load_cells, run_plan, seed_overrides
+
+    papers = _paper(tmp_path, seeds=[0, 1], seed=1)
+    monkeypatch.chdir(tmp_path)
+    cells = load_cells("toy", experiments=papers)
+    assert run_plan(cells) == [(cells[0].config, 0), (cells[0].config, 1)]  # 1 and None: one folder
+    assert seed_overrides(cells[0].config, [], 1) == []  # the config's own seed: its run folder
+    assert seed_overrides(cells[0].config, ["rounds=1"], 0) == ["rounds=1", "seed=0", 'out_dir="runs/toy/seed-0"']
+
+
+@pytest.mark.parametrize("seeds, error", [
+    ("x", "seeds: "), ([0, 0], "a seed is repeated"), ([-1], "at least one seed >= 0"), (True, "list of seeds"),
+    ([], "at least one seed"),
+])
+def test_bad_seeds_are_one_line_errors(tmp_path: Path, seeds: object, error: str) -> None:
+    from lowband.reproduce import load_cells
+
+    papers = _paper(tmp_path, seeds=seeds)
+    with pytest.raises(ConfigError, match=re.escape(error)) as exc:
+        load_cells("toy", experiments=papers)
+    assert "\n" not in str(exc.value) and "t/acc" in str(exc.value)
+
+
+def test_unknown_top_level_key_and_bad_cli_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    from lowband.cli import main
+    from lowband.reproduce import load_cells
+
+    papers = _paper(tmp_path)
+    path = papers / "toy" / "reproduce.toml"
+    path.write_text("seed = [0, 1]\n" + path.read_text())
+    with pytest.raises(ConfigError, match="unknown top-level key"):
+        load_cells("toy", experiments=papers)
+    path.write_text("seeds = [0, 1]\n" + path.read_text().split("\n", 1)[1])
+    assert all(c.seeds == [0, 1] for c in load_cells("toy", experiments=papers))
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--seeds", "2-1", "--dry-run"]) == 2
+    assert "range 2-1 runs backwards" in capsys.readouterr().err
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--seeds", "0,3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would run papers/toy/dfedavg.toml seed 0\n" in out and "seed 3 -> runs/toy/seed-3" in out
+    assert not (tmp_path / "runs").exists()
+
+
+HEADLINE = {
+    "fedcspack": r"table1/(fmnist|cifar10)/dir[\d.]+/(fedavg|fedcspack)",
+    "spark": r"table1/[^/]+/(spark|ntk_dfl)",
+    "kta": r"simplecnn/(kta|local)",
+    "fol": r"table3/c9/(fol|fedavg)/E\d",
+}
+
+
+def test_shipped_headline_cells_ask_for_three_seeds() -> None:
+    from lowband.reproduce import load_cells, packaged_experiments
+
+    shipped = packaged_experiments()
+    assert shipped is not None
+    for paper, pattern in HEADLINE.items():
+        cells = load_cells(paper, experiments=shipped)
+        heads = [c for c in cells if re.fullmatch(pattern, c.id)]
+        assert len(heads) >= 2, paper
+        assert all(c.seeds == [0, 1, 2] for c in heads), paper
+        assert all(c.seeds is None for c in cells if not re.fullmatch(pattern, c.id)), paper
+
+
+def test_every_shipped_config_is_in_the_wheels_package_data() -> None:
+    """An installed lowband has only what pyproject's package-data globs ship: every config
+    a shipped reproduce.toml names must match one (a deeper folder would be left out)."""
+    from fnmatch import fnmatchcase
+
+    from lowband.reproduce import load_cells, packaged_experiments
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lowband"]
+    shipped = packaged_experiments()
+    assert shipped is not None
+    for paper in ("spark", "fedcspack", "fol", "kta"):
+        names = {f"{paper}/reproduce.toml"}
+        for c in load_cells(paper, experiments=shipped):
+            names |= {str(Path(p).resolve().relative_to(shipped.resolve())) for p in (c.config, c.reference) if p}
+        for name in names:
+            parts = ("experiments/" + name).split("/")
+            assert any(len(g.split("/")) == len(parts) and all(fnmatchcase(a, b) for a, b in zip(parts, g.split("/")))
+                       for g in globs), f"{paper}: {name} is not shipped by {globs}"
+
+
+def test_seeds_value_counts_the_seeds_with_a_number() -> None:
+    from lowband.reproduce import Cell, RunData, seeds_value
+
+    def run(seed: int, accs: list[float]) -> RunData:
+        metrics = [{"round": r, "consensus/acc": a} for r, a in enumerate(accs)]
+        return RunData(Path(f"runs/x/seed-{seed}"), metrics, [], 3, 0.8, "consensus/acc", 1, seed)
+
+    runs = {0: run(0, [0.1, 0.85, 0.9, 0.9]), 1: run(1, [0.1, 0.5, 0.82, 0.9]), 2: run(2, [0.1, 0.2, 0.3, 0.4])}
+    ours, per = seeds_value(Cell("c", "t", "cfg", "rounds_to_target"), runs, {})
+    assert ours == "1.5 ± 0.7 (n=2 of 3)" and per == ["0: 1", "1: 2", "2: > 3"]
+    ours, per = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=5), runs, {})
+    assert ours == "" and per == ["0: -", "1: -", "2: -"]  # round 5 not reached: no number
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=1), runs, {})
+    assert ours == f"{statistics.mean([85, 50, 20]):.2f} ± {statistics.stdev([85, 50, 20]):.2f} (n=3)"
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc"), {2: runs[2]}, {})
+    assert ours == "40.00"  # one seed: the value alone, as before seeds existed
