@@ -179,8 +179,8 @@ def _without(node: int, rounds: int) -> dict:
 def _nan_uploads_from(monkeypatch, cls, method: str, node: int) -> None:
     orig = getattr(cls, method)
 
-    def poisoned(self, ctx, state, inbox):
-        new, out = orig(self, ctx, state, inbox)
+    def poisoned(self, ctx, state, inbox, *trained):  # a step, or the reply half of a local-SGD step
+        new, out = orig(self, ctx, state, inbox, *trained)
         if ctx.node == node:
             for _, msg in out.items:
                 msg.tensors = _nan_like(msg.tensors)
@@ -191,7 +191,7 @@ def _nan_uploads_from(monkeypatch, cls, method: str, node: int) -> None:
 
 def test_fedavg_nan_client_is_rejected_and_equals_the_run_without_it(tmp_path: Path, monkeypatch) -> None:
     minus = _run(_fedavg_cfg(tmp_path, "minus", faults=_without(0, 3)))
-    _nan_uploads_from(monkeypatch, FedAvg, "client_update", 0)
+    _nan_uploads_from(monkeypatch, FedAvg, "client_reply", 0)  # the reply: local SGD as in `minus` (cohorts)
     poisoned = _run(_fedavg_cfg(tmp_path, "nan"))
     mp, mm = _metrics(poisoned), _metrics(minus)
     assert [r.get("rejected/nonfinite", 0) for r in mp] == [0, 1, 1, 1]  # one refused upload per round
@@ -205,7 +205,7 @@ def test_dfedavg_nan_node_is_rejected_by_its_neighbours(tmp_path: Path, monkeypa
     minus_cfg = digits_config(tmp_path / "minus", "dfedavg", rounds=3)
     minus_cfg["faults"] = _without(0, 3)
     minus = _run(minus_cfg)
-    _nan_uploads_from(monkeypatch, GossipAlgorithm, "train_send", 0)
+    _nan_uploads_from(monkeypatch, GossipAlgorithm, "send_trained", 0)  # the send: SGD as in `minus` (cohorts)
     poisoned = _run(digits_config(tmp_path / "nan", "dfedavg", rounds=3))
     # every neighbour of node 0 (k = 3) refuses its weights every round
     assert [r.get("rejected/nonfinite", 0) for r in _metrics(poisoned)] == [0, 3, 3, 3]
@@ -215,14 +215,14 @@ def test_dfedavg_nan_node_is_rejected_by_its_neighbours(tmp_path: Path, monkeypa
 
 
 def _huge_lr_for(monkeypatch, module, node: int) -> None:
-    orig = module.local_train
+    orig = module.local_job
 
-    def local_train(ctx, params, *args, **kw):
+    def local_job(ctx, params, *args, **kw):
         if ctx.node == node:
             kw["hp"] = ctx.hp.model_copy(update={"lr": 1e6})
         return orig(ctx, params, *args, **kw)
 
-    monkeypatch.setattr(module, "local_train", local_train)
+    monkeypatch.setattr(module, "local_job", local_job)
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg"])
@@ -252,14 +252,14 @@ def test_lr_1e6_client_is_a_norm_outlier(tmp_path: Path, monkeypatch, algorithm:
 
 
 def test_diverging_client_is_reported_and_its_update_rejected(tmp_path: Path, monkeypatch) -> None:
-    orig = fedavg.local_train
+    orig = fedavg.local_job
 
-    def local_train(ctx, params, *args, **kw):
+    def local_job(ctx, params, *args, **kw):
         if ctx.node == 2:  # a loss that turns non-finite: NaN gradients, NaN weights
             return orig(ctx, params, lambda m, x, y: F.cross_entropy(m(x), y) * float("nan"))
         return orig(ctx, params, *args, **kw)
 
-    monkeypatch.setattr(fedavg, "local_train", local_train)
+    monkeypatch.setattr(fedavg, "local_job", local_job)
     sim = _run(_fedavg_cfg(tmp_path, "div"))
     recs = _metrics(sim)  # parses strictly: no NaN/Infinity constants
     assert [r.get("faults/diverged", 0) for r in recs] == [0, 1, 1, 1]

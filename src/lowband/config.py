@@ -293,6 +293,14 @@ class EvalConfig(_Strict):
         return v
 
 
+class EngineConfig(_Strict):
+    """``[engine]``: how the round is computed (never what it computes, beyond float rounding)."""
+
+    #: local SGD of many nodes as one vectorised cohort (lowband.engine.cohort): "auto" where
+    #: measured to pay (Linear-layer models), "on" wherever supported, "off" never
+    vectorize: Literal["auto", "on", "off"] = "auto"
+
+
 class LogConfig(_Strict):
     """Optional extra outputs of a run (they change no number)."""
 
@@ -328,6 +336,7 @@ class Experiment(_Strict):
     comm: CommConfig = Field(default_factory=CommConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     #: link models (simulated time); None: not timed, and nothing about time is written
     links: Optional[LinksConfig] = None
     log: LogConfig = Field(default_factory=LogConfig)

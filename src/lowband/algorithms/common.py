@@ -8,7 +8,8 @@ from pydantic import Field
 from torch import nn
 
 from lowband.algorithms.base import Hyperparams, NodeContext, Params
-from lowband.train import LossFn, TrainStats, cross_entropy, sgd_train
+from lowband.engine.cohort import SGDJob
+from lowband.train import LossFn, TrainStats, cross_entropy
 
 
 class LocalSGD(Hyperparams):
@@ -29,16 +30,20 @@ def round_lr(ctx: NodeContext, hp: Optional[LocalSGD] = None) -> float:
     return hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
 
 
+def local_job(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
+              hp: Optional[LocalSGD] = None, purpose: str = "local",
+              grad_hook: Optional[Callable[[nn.Module], None]] = None) -> SGDJob:
+    """The local SGD :func:`local_train` runs, as a job (``job.run(ctx.model)`` runs it; the
+    executor may run many nodes' jobs as one vectorised cohort, lowband.engine.cohort)."""
+    hp = hp or ctx.hp
+    return SGDJob(params=params, x=ctx.data.train_x, y=ctx.data.train_y, epochs=hp.local_epochs,
+                  batch_size=hp.batch_size, lr=round_lr(ctx, hp), gen=ctx.rng(purpose), momentum=hp.momentum,
+                  weight_decay=hp.weight_decay, loss_fn=loss_fn, grad_clip=hp.grad_clip, grad_hook=grad_hook)
+
+
 def local_train(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
                 hp: Optional[LocalSGD] = None, purpose: str = "local",
                 grad_hook: Optional[Callable[[nn.Module], None]] = None) -> tuple[Params, TrainStats]:
     """Run ``hp.local_epochs`` of SGD on the node's own train split from ``params``
     (``grad_hook(model)`` may edit the gradients after each backward: SCAFFOLD's correction)."""
-    hp = hp or ctx.hp
-    lr = round_lr(ctx, hp)
-    return sgd_train(
-        ctx.model, params, ctx.data.train_x, ctx.data.train_y,
-        epochs=hp.local_epochs, batch_size=hp.batch_size, lr=lr, momentum=hp.momentum,
-        weight_decay=hp.weight_decay, grad_clip=hp.grad_clip, loss_fn=loss_fn, gen=ctx.rng(purpose),
-        grad_hook=grad_hook,
-    )
+    return local_job(ctx, params, loss_fn, hp, purpose, grad_hook).run(ctx.model)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step
+from lowband.engine import cohort
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 from lowband.train import diverged_count
@@ -48,6 +49,8 @@ class NodeEnv:
     model_key: Callable[[int], str]  # node -> architecture key (modules are cached per key)
     init_params: Callable[[int], Params]  # node -> shared initial parameters of its architecture
     public_x: Optional[torch.Tensor] = None
+    #: engine.vectorize: "auto", "on" or "off" (lowband.engine.cohort)
+    vectorize: str = "off"
 
     @property
     def num_nodes(self) -> int:
@@ -111,6 +114,8 @@ class SerialExecutor:
 
     def run_step(self, step: Step, round: int, plan: RoundPlan,
                  inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
+        if self.env.vectorize != "off" and cohort.vectorised(step.fn):  # local SGD in cohorts
+            return cohort.run_step(self, step, round, plan, inboxes, self.env.vectorize)
         out: dict[int, Outbox] = {}
         for node in step.actors:
             torch.manual_seed(derive_seed(self.env.seed, "torch", round, node, step.name))

@@ -280,6 +280,7 @@ class Simulation:
             num_classes=num_classes, model_factory=builder, model_key=builder.key,
             init_params=builder.init_params,
             public_x=self.fed.public_x if self.fed.public_x.numel() else None,
+            vectorize=exp.engine.vectorize,
         )
         options: dict[str, Any] = {}
         if exp.executor == "ray":

@@ -40,10 +40,11 @@ from torch import nn
 
 from lowband.algorithms.base import (Algorithm, Envelope, Hyperparams, NodeContext, Outbox, Params, State, Step,
                                      register)
-from lowband.algorithms.common import LocalSGD, local_train
+from lowband.algorithms.common import LocalSGD, local_job
 from lowband.comm.message import Message
+from lowband.engine.cohort import SGDJob, local_sgd_step
 from lowband.topology import RoundPlan
-from lowband.train import clone_params, get_params, load_params, weighted_average
+from lowband.train import TrainStats, clone_params, get_params, load_params, weighted_average
 
 
 class DFedAvgHP(LocalSGD):
@@ -67,10 +68,18 @@ class GossipAlgorithm(Algorithm):
         return [Step("train_send", plan.participants, self.train_send),
                 Step("average", plan.participants, self.average)]
 
-    def train_send(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        params, stats = local_train(ctx, state["params"])
+    def train_job(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> SGDJob:
+        """Local SGD from the node's current weights."""
+        return local_job(ctx, state["params"])
+
+    def send_trained(self, ctx: NodeContext, state: State, inbox: list[Envelope], params: Params,
+                     stats: TrainStats) -> tuple[State, Outbox]:
+        """Keep the trained weights and send them to the round's neighbours."""
         out = Outbox().broadcast(ctx.neighbors, Message("weights", params))
         return {"params": params, "loss": stats.loss}, out
+
+    #: train locally, then send (vectorisable: lowband.engine.cohort)
+    train_send = local_sgd_step("train_job", "send_trained")
 
     def average(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         models = [state["params"]] + [e.msg.tensors for e in inbox]

@@ -6,9 +6,11 @@ local test split.
 
 from __future__ import annotations
 
-from lowband.algorithms.base import Algorithm, Envelope, NodeContext, Outbox, State, Step, register
-from lowband.algorithms.common import LocalSGD, local_train
+from lowband.algorithms.base import Algorithm, Envelope, NodeContext, Outbox, Params, State, Step, register
+from lowband.algorithms.common import LocalSGD, local_job
+from lowband.engine.cohort import SGDJob, local_sgd_step
 from lowband.topology import RoundPlan
+from lowband.train import TrainStats
 
 
 class LocalHP(LocalSGD):
@@ -31,6 +33,14 @@ class Local(Algorithm):
     def steps(self, round: int, plan: RoundPlan) -> list[Step]:
         return [Step("train", plan.participants, self._train)]
 
-    def _train(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        params, stats = local_train(ctx, state["params"])
+    def train_job(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> SGDJob:
+        """Local SGD from the node's own model."""
+        return local_job(ctx, state["params"])
+
+    def keep_trained(self, ctx: NodeContext, state: State, inbox: list[Envelope], params: Params,
+                     stats: TrainStats) -> tuple[State, Outbox]:
+        """Keep the trained model; nothing is sent."""
         return {"params": params, "loss": stats.loss}, Outbox()
+
+    #: local SGD, nothing sent (vectorisable: lowband.engine.cohort)
+    _train = local_sgd_step("train_job", "keep_trained")

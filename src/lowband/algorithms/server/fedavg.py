@@ -21,12 +21,13 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, register
-from lowband.algorithms.common import LocalSGD, local_train
+from lowband.algorithms.common import LocalSGD, local_job
 from lowband.algorithms.server.server_opt import DEFAULT_SERVER_LR, KNOB_READERS, ServerOpt, server_step, \
     trainable_names
 from lowband.comm.message import Message
+from lowband.engine.cohort import SGDJob, local_sgd_step
 from lowband.topology import RoundPlan
-from lowband.train import Params, sub, weighted_average
+from lowband.train import Params, TrainStats, sub, weighted_average
 
 
 class FedAvgClientHP(LocalSGD):
@@ -133,14 +134,23 @@ class FedAvg(Algorithm):
     def loss_fn(self, ctx: NodeContext, global_params: Params):
         return None
 
-    def client_update(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+    def client_job(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> SGDJob:
+        """The client's local SGD from the received global model (``loss_fn``'s loss, if any)."""
         glob = inbox[0].msg.tensors
         loss_fn = self.loss_fn(ctx, glob)
-        params, stats = local_train(ctx, glob, loss_fn) if loss_fn else local_train(ctx, glob)
+        return local_job(ctx, glob, loss_fn) if loss_fn else local_job(ctx, glob)
+
+    def client_reply(self, ctx: NodeContext, state: State, inbox: list[Envelope], params: Params,
+                     stats: TrainStats) -> tuple[State, Outbox]:
+        """Send the trained model (or its delta) and the number of training examples."""
+        glob = inbox[0].msg.tensors
         payload = params if self.hp.upload == "weights" else sub(params, glob)
         msg = Message("weights" if self.hp.upload == "weights" else "delta", payload,
                       meta={"num_examples": ctx.data.n_train})
         return {**state, "loss": stats.loss}, Outbox().send(SERVER, msg)
+
+    #: local SGD from the global model, then the reply (vectorisable: lowband.engine.cohort)
+    client_update = local_sgd_step("client_job", "client_reply")
 
 
 def _complete(received: Params, like: Params, zero: bool = False) -> Params:

@@ -1,0 +1,382 @@
+"""Vectorised cohorts: many nodes' local SGD at once, with ``torch.func``.
+
+Local SGD on a small model is bound by per-step overhead, not FLOPs (benchmarks/README.md:
+a 784-100-10 MLP step at batch 25 needs 113 us of matmul and costs ~500 us through eager
+autograd). Stacking the parameters of a *cohort* of nodes and running
+``vmap(grad_and_value(loss))`` over them pays that overhead once per cohort step instead
+of once per node step. The result equals the per-node path (:func:`lowband.train.sgd_train`)
+within float tolerance, and a node's result does not depend on which other nodes share
+its cohort (tested bit for bit), so it does not depend on processing order or backend
+(design rule 4).
+
+**What is the same as the per-node path.** Every node draws its own minibatch order from
+its own addressed generator, the very one the per-node path would use (the job carries
+it), with :func:`lowband.train.batches`, so the batches are identical. Unequal step
+counts (different ``n`` or ``epochs``, ``max_steps``) and unequal last-batch sizes are
+masked: each node's loss is the mean over its real samples of the step, and a node whose
+schedule has ended is frozen at its last step (its parameters are read then). The update
+is ``torch.optim.SGD``'s (weight decay, heavy-ball or Nesterov momentum reset every call,
+``clip_grad_norm_`` per node); the reported loss, step and sample counts are
+``sgd_train``'s.
+
+**What is refused** (the node then runs the per-node path, unchanged): a model with
+buffers (BatchNorm running statistics), dropout (its masks come from the global RNG the
+per-node path seeds per node), normalisation layers or recurrent modules; a job with a
+loss other than plain cross-entropy (FedProx's proximal term, FedNTD, MOON), a trainable
+subset, extra tensors or a gradient hook (SCAFFOLD, FedSPU, FedDBE).
+
+**When it is used** (``engine.vectorize``): ``"off"`` never; ``"on"`` for every supported
+job; ``"auto"`` (default) where it was measured to pay: models whose every parameter
+belongs to an ``nn.Linear`` (MLPs, logistic regression). Convolutions are excluded: vmapped
+convolutions were slower than direct ones on CPU (docs/user-guide.md, "Engine options").
+The rule depends only on the model and the job, never on timings or on how many nodes a
+backend happens to hold, so every backend takes the same path and gets the same bytes.
+
+**The hook** (kept small so another round loop can re-attach it): an algorithm marks a
+step method with :func:`local_sgd_step`, which builds the method from two others,
+``prepare(ctx, state, inbox) -> SGDJob`` and ``finish(ctx, state, inbox, params, stats)
+-> (state, outbox)``; calling it runs ``finish(prepare(...).run(ctx.model))`` exactly as
+before. The mark is an attribute of the function (``fn.cohort``), so it survives every
+re-wrapping of a :class:`~lowband.algorithms.base.Step` (faults, Ray shards, the Flower
+client). One call site, at the top of ``SerialExecutor.run_step``, hands a marked step to
+:func:`run_step` here, which runs all its actors' jobs (grouped by architecture and SGD
+settings, in cohorts of :func:`cohort_size`) and calls each node's ``finish``. Covered:
+FedAvg and its server optimisers (``client_update``), DFedAvg / DFedAvgM (``train_send``),
+Local (``_train``). Not covered: D-PSGD (one gradient per iteration, no local SGD),
+DFedSAM, DisPFL, and methods with their own client step.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lowband.seeding import derive_seed
+from lowband.train import LossFn, Params, TrainStats, batches, cross_entropy, diverged_count, note_divergence, \
+    sgd_train
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lowband.algorithms.base import Envelope, NodeContext, Outbox, State, Step
+
+MODES = ("auto", "on", "off")
+
+#: stacked parameter bytes of one CPU cohort: 16 of the paper's 784-100-10 MLP (318 KB each);
+#: measured 1.3x (8 nodes), 1.6x (16), 1.5x (32) against the per-node path (docs/user-guide.md)
+CPU_COHORT_BYTES = 5 * 2**20
+#: most nodes in one cohort
+MAX_COHORT = 64
+
+
+@dataclass
+class SGDJob:
+    """One node's local SGD: the arguments of :func:`lowband.train.sgd_train`."""
+
+    params: Params
+    x: torch.Tensor
+    y: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    gen: torch.Generator
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    loss_fn: LossFn = cross_entropy
+    grad_clip: Optional[float] = None
+    max_steps: Optional[int] = None
+    drop_last: bool = False
+    grad_hook: Optional[Callable[[nn.Module], None]] = None
+
+    def run(self, model: nn.Module) -> tuple[Params, TrainStats]:
+        """The per-node path: ``sgd_train`` on ``model``."""
+        return sgd_train(model, self.params, self.x, self.y, epochs=self.epochs, batch_size=self.batch_size,
+                         lr=self.lr, gen=self.gen, momentum=self.momentum, nesterov=self.nesterov,
+                         weight_decay=self.weight_decay, loss_fn=self.loss_fn, grad_clip=self.grad_clip,
+                         max_steps=self.max_steps, drop_last=self.drop_last, grad_hook=self.grad_hook)
+
+
+# -- the mark -------------------------------------------------------------------------------
+class _MarkedStep:
+    """The descriptor :func:`local_sgd_step` returns: gives the function the attribute's
+    name (so Ray ships it by name, like any step method) and binds it like a method."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.fn.__name__ = name
+        self.fn.__qualname__ = f"{owner.__qualname__}.{name}"
+
+    def __get__(self, obj: Any, objtype: Optional[type] = None) -> Any:
+        return self.fn if obj is None else self.fn.__get__(obj, objtype)
+
+
+def local_sgd_step(prepare: str, finish: str) -> Any:
+    """A step method made of ``self.<prepare>(ctx, state, inbox) -> SGDJob`` and
+    ``self.<finish>(ctx, state, inbox, params, stats) -> (state, outbox)``, marked so the
+    executor may train many actors' jobs as one cohort. Use in a class body:
+    ``train_send = local_sgd_step("train_job", "send_trained")``. Subclasses may override
+    ``prepare`` / ``finish`` (looked up by name on the instance); overriding the step
+    method itself drops the mark (the per-node path then runs the override)."""
+
+    def step(self: Any, ctx: "NodeContext", state: "State", inbox: list["Envelope"]) -> tuple["State", "Outbox"]:
+        job = getattr(self, prepare)(ctx, state, inbox)
+        params, stats = job.run(ctx.model)
+        return getattr(self, finish)(ctx, state, inbox, params, stats)
+
+    step.cohort = (prepare, finish)  # type: ignore[attr-defined]
+    step.__doc__ = f"Local SGD: ``{finish}(..., *{prepare}(...).run(model))`` (vectorisable, lowband.engine.cohort)."
+    return _MarkedStep(step)
+
+
+def cohort_methods(fn: Callable[..., Any]) -> Optional[tuple[Callable[..., Any], Callable[..., Any]]]:
+    """``(prepare, finish)`` bound methods when ``fn`` is a marked step bound to an object."""
+    names = getattr(fn, "cohort", None)
+    owner = getattr(fn, "__self__", None)
+    if names is None or owner is None:
+        return None
+    return getattr(owner, names[0]), getattr(owner, names[1])
+
+
+# -- the rule ---------------------------------------------------------------------------------
+_SUPPORT: "weakref.WeakKeyDictionary[nn.Module, tuple[Optional[str], bool]]" = weakref.WeakKeyDictionary()
+
+
+def _model_support(model: nn.Module) -> tuple[Optional[str], bool]:
+    """(why the model cannot be vectorised or None, whether it is made of Linear layers
+    only), cached per module (an executor keeps one module per architecture)."""
+    if model not in _SUPPORT:
+        _SUPPORT[model] = _inspect(model)
+    return _SUPPORT[model]
+
+
+def _inspect(model: nn.Module) -> tuple[Optional[str], bool]:
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (e.g. BatchNorm running statistics)", False
+    linear_only = True
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return "the model has dropout (masks from the per-node seeded global RNG)", False
+        if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RNNBase)):
+            return f"the model has a {type(m).__name__} layer", False
+        if any(True for _ in m.parameters(recurse=False)) and not isinstance(m, nn.Linear):
+            linear_only = False
+    return None, linear_only
+
+
+def unsupported(model: nn.Module, job: SGDJob, mode: str) -> Optional[str]:
+    """Why ``job`` on ``model`` takes the per-node path under ``engine.vectorize = mode``
+    (None: it may be vectorised)."""
+    if mode == "off":
+        return "engine.vectorize = off"
+    why, linear_only = _model_support(model)
+    if why:
+        return why
+    if mode == "auto" and not linear_only:
+        return "auto: only Linear-layer models were measured to pay"
+    if job.loss_fn is not cross_entropy:
+        return "a custom loss"
+    if job.grad_hook is not None:
+        return "a gradient hook"
+    names = [k for k, _ in model.named_parameters()]
+    if set(job.params) != set(names):
+        return "the parameters do not match the model"
+    return None
+
+
+def cohort_size(model: nn.Module, device: torch.device) -> int:
+    """Nodes per cohort: on a CPU as many as keep the stacked parameters under
+    :data:`CPU_COHORT_BYTES` (cache-resident; larger cohorts were not faster), elsewhere
+    (GPUs) up to :data:`MAX_COHORT`."""
+    if device.type != "cpu":
+        return MAX_COHORT
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(1, min(MAX_COHORT, CPU_COHORT_BYTES // max(nbytes, 1)))
+
+
+# -- the cohort trainer ---------------------------------------------------------------------------
+def _schedule(job: SGDJob) -> list[torch.Tensor]:
+    """The node's minibatches, drawn exactly as :func:`sgd_train` draws them."""
+    n = int(job.y.shape[0])
+    out: list[torch.Tensor] = []
+    for _ in range(job.epochs):
+        for idx in batches(n, job.batch_size, job.gen, drop_last=job.drop_last):
+            out.append(idx)
+            if job.max_steps is not None and len(out) >= job.max_steps:
+                break
+        if job.max_steps is not None and len(out) >= job.max_steps:
+            break
+    return out
+
+
+def train_cohort(model: nn.Module, jobs: Sequence[SGDJob]) -> list[tuple[Params, TrainStats]]:
+    """Run every job's local SGD at once with ``vmap`` over stacked parameters.
+
+    All jobs share ``batch_size``, ``lr``, ``momentum``, ``nesterov``, ``weight_decay``
+    and ``grad_clip`` (the caller groups them); data sizes, epochs and ``max_steps`` may
+    differ. Returns, per job, what ``job.run(model)`` returns, within float tolerance."""
+    from torch.func import functional_call, vmap
+
+    j0 = jobs[0]
+    B = j0.batch_size
+    sd_keys = list(model.state_dict().keys())
+    names = [k for k, _ in model.named_parameters()]
+    like = dict(model.named_parameters())
+    results: list[Optional[tuple[Params, TrainStats]]] = [None] * len(jobs)
+    live: list[int] = []
+    scheds: list[list[torch.Tensor]] = []
+    for g, job in enumerate(jobs):
+        n = int(job.y.shape[0])
+        if n == 0 or job.epochs == 0:  # as sgd_train: the parameters, no steps
+            results[g] = ({k: job.params[k].detach().to(like[k].dtype).clone() for k in sd_keys},
+                          TrainStats(loss=float("nan"), steps=0, samples=0))
+            continue
+        live.append(g)
+        scheds.append(_schedule(job))
+    if not live:
+        return results  # type: ignore[return-value]
+    G = len(live)
+    T = max(len(s) for s in scheds)
+    x0 = jobs[live[0]].x
+    dev = x0.device
+    # one gather per step from the concatenated data, a padding row at the end
+    xcat = torch.cat([jobs[g].x for g in live] + [torch.zeros_like(x0[:1])])
+    ycat = torch.cat([jobs[g].y for g in live] + [torch.zeros_like(jobs[live[0]].y[:1])])
+    pad = int(xcat.shape[0]) - 1
+    index = torch.full((T, G, B), pad, dtype=torch.long, device=dev)
+    mask = torch.zeros((T, G, B), dtype=like[names[0]].dtype, device=dev)
+    counts = torch.zeros((T, G), dtype=torch.long)
+    off = 0
+    for c, (g, sched) in enumerate(zip(live, scheds)):
+        sizes = torch.tensor([int(i.numel()) for i in sched], dtype=torch.long)
+        flat = torch.cat(sched).to(dev)
+        step_of = torch.repeat_interleave(torch.arange(len(sched)), sizes)
+        starts = torch.cumsum(sizes, 0) - sizes
+        pos = torch.arange(int(sizes.sum())) - starts[step_of]
+        index[step_of.to(dev), c, pos.to(dev)] = flat + off
+        mask[step_of.to(dev), c, pos.to(dev)] = 1
+        counts[: len(sched), c] = sizes
+        off += int(jobs[g].y.shape[0])
+    denom = counts.clamp(min=1).to(device=dev, dtype=mask.dtype)
+    last = [len(s) - 1 for s in scheds]
+    ends: dict[int, list[int]] = {}
+    for c, t in enumerate(last):
+        ends.setdefault(t, []).append(c)
+
+    params = {k: torch.stack([jobs[g].params[k].detach().to(like[k].dtype) for g in live]).to(dev).requires_grad_()
+              for k in names}
+    ps = [params[k] for k in names]
+    bufs = [torch.zeros_like(p) for p in ps] if j0.momentum else []
+    model.train()
+
+    def loss(p: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor, db: torch.Tensor) -> torch.Tensor:
+        ce = F.cross_entropy(functional_call(model, p, (xb,)), yb, reduction="none")
+        return (ce * mb).sum() / db
+
+    # vmap the forward only; eager autograd takes the backward of the sum of the nodes'
+    # losses (each node's parameters reach only its own loss, so each gets its own
+    # gradient). Measured cheaper than vmap(grad(...)), most of all for small cohorts.
+    losses_fn = vmap(loss)
+    values: list[torch.Tensor] = []
+    final: list[Optional[list[torch.Tensor]]] = [None] * G
+    for t in range(T):
+        it = index[t]
+        val = losses_fn(params, xcat[it], ycat[it], mask[t], denom[t])
+        grads = list(torch.autograd.grad(val.sum(), ps))
+        values.append(val.detach())
+        with torch.no_grad():  # the update: torch.optim.SGD's foreach steps, per node
+            if j0.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_, per node
+                norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], 1).norm(dim=1)
+                coef = (j0.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+                grads = [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+            if j0.weight_decay:
+                grads = torch._foreach_add(grads, ps, alpha=j0.weight_decay)
+            if j0.momentum:
+                torch._foreach_mul_(bufs, j0.momentum)
+                torch._foreach_add_(bufs, grads)
+                d = torch._foreach_add(grads, bufs, alpha=j0.momentum) if j0.nesterov else bufs
+            else:
+                d = grads
+            torch._foreach_add_(ps, d, alpha=-j0.lr)
+            for c in ends.get(t, ()):  # nodes whose schedule ends here: read them now
+                final[c] = [p[c].clone() for p in ps]
+    vals = torch.stack(values).double().cpu()  # (T, G)
+    cnt = counts.double()
+    totals = torch.where(cnt > 0, vals * cnt, torch.zeros((), dtype=torch.float64)).sum(0)
+    for c, g in enumerate(live):
+        seen = int(counts[:, c].sum())
+        out = dict(zip(names, final[c]))  # type: ignore[arg-type]
+        results[g] = ({k: out[k] for k in sd_keys},
+                      TrainStats(loss=float(totals[c]) / max(seen, 1), steps=len(scheds[c]), samples=seen))
+    return results  # type: ignore[return-value]
+
+
+# -- the executor side -------------------------------------------------------------------------------
+def _group_key(job: SGDJob, arch: str) -> tuple:
+    return (arch, job.batch_size, float(job.lr), float(job.momentum), bool(job.nesterov and job.momentum > 0),
+            float(job.weight_decay), job.grad_clip, str(job.x.device), job.x.dtype)
+
+
+def run_step(executor: Any, step: "Step", round: int, plan: Any,
+             inboxes: dict[int, list["Envelope"]], mode: str) -> dict[int, "Outbox"]:
+    """``SerialExecutor.run_step`` for a step marked by :func:`local_sgd_step`: the same
+    per-node seeding, states, outboxes and divergence reports, with the supported jobs
+    trained in cohorts and the others on the per-node path."""
+    prepare, finish = cohort_methods(step.fn)  # type: ignore[misc]
+    env = executor.env
+    pending: dict[int, tuple[Any, Any, list, SGDJob, torch.Tensor]] = {}
+    groups: dict[tuple, list[int]] = {}
+    done: dict[int, tuple[Any, "Outbox"]] = {}
+    for node in step.actors:
+        torch.manual_seed(derive_seed(env.seed, "torch", round, node, step.name))
+        ctx = executor.context(node, round, plan)
+        state, inbox = executor.states[node], inboxes.get(node, [])
+        before = diverged_count()
+        job = prepare(ctx, state, inbox)
+        if unsupported(ctx.model, job, mode) is not None:  # exactly the step's own path
+            params, stats = job.run(ctx.model)
+            done[node] = finish(ctx, state, inbox, params, stats)
+            if diverged_count() != before:
+                executor.diverged.append((round, node))
+            continue
+        pending[node] = (ctx, state, inbox, job, torch.get_rng_state())
+        groups.setdefault(_group_key(job, env.model_key(node)), []).append(node)
+    trained: dict[int, tuple[Params, TrainStats]] = {}
+    for members in groups.values():
+        model = pending[members[0]][0].model
+        size = cohort_size(model, pending[members[0]][3].x.device)
+        for i in range(0, len(members), size):
+            chunk = members[i : i + size]
+            for node, res in zip(chunk, train_cohort(model, [pending[n][3] for n in chunk])):
+                trained[node] = res
+    for node in step.actors:
+        if node not in pending:
+            continue
+        ctx, state, inbox, _, rng = pending[node]
+        torch.set_rng_state(rng)  # where the step's own path would be after training
+        params, stats = trained[node]
+        before = diverged_count()
+        if stats.samples and not math.isfinite(stats.loss):
+            note_divergence()
+        done[node] = finish(ctx, state, inbox, params, stats)
+        if diverged_count() != before:
+            executor.diverged.append((round, node))
+    out: dict[int, "Outbox"] = {}
+    for node in step.actors:
+        executor.states[node], out[node] = done[node]
+    return out
+
+
+def vectorised(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a step the cohort path can take (a marked, bound step method)."""
+    return cohort_methods(fn) is not None
+
+
+__all__ = ["MODES", "SGDJob", "cohort_size", "local_sgd_step", "run_step", "train_cohort", "unsupported",
+           "vectorised"]

@@ -1,0 +1,163 @@
+"""Vectorised cohorts (lowband.engine.cohort): equal to the per-node path within float
+tolerance, a node's result independent of its cohort, the rule, and the engine option."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import digits_config
+from lowband.config import ConfigError, validate
+from lowband.engine import cohort
+from lowband.engine.cohort import SGDJob, train_cohort, unsupported
+from lowband.engine.simulator import Simulation
+from lowband.models import build_model
+from lowband.seeding import torch_gen
+
+torch.set_num_threads(1)
+
+
+def _mlp() -> nn.Module:
+    return build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=16, seed=0)
+
+
+def _job(model: nn.Module, node: int, n: int, **kw) -> SGDJob:
+    g = torch_gen(7, "data", node)  # the start: a fresh model's init (``model`` itself is trained in place)
+    init = build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=16, seed=0).state_dict()
+    params = {k: v.detach() + 0.01 * torch.randn(v.shape, generator=g) for k, v in init.items()}
+    args = dict(epochs=2, batch_size=5, lr=0.1)
+    args.update(kw)
+    return SGDJob(params=params, x=torch.randn(n, 1, 8, 8, generator=g), y=torch.randint(0, 10, (n,), generator=g),
+                  gen=torch_gen(3, "alg", 1, node, "local"), **args)
+
+
+def _close(a: dict, b: dict, tol: float = 1e-5) -> bool:
+    return list(a) == list(b) and all(torch.allclose(a[k], b[k], atol=tol, rtol=0) for k in a)
+
+
+SETTINGS = [dict(), dict(momentum=0.9, weight_decay=1e-3), dict(momentum=0.9, nesterov=True, grad_clip=0.3),
+            dict(drop_last=True, max_steps=5)]
+
+
+@pytest.mark.parametrize("kw", SETTINGS, ids=["plain", "momentum-wd", "nesterov-clip", "droplast-maxsteps"])
+def test_cohort_equals_per_node_sgd(kw: dict) -> None:
+    """Unequal data sizes (unequal step counts and last batches: 13 = 5+5+3, 3 < batch),
+    unequal epochs, an empty node: each node's parameters and stats are sgd_train's."""
+    model = _mlp()
+    specs = [(0, 13, {}), (1, 20, {}), (2, 3, {}), (3, 0, {}), (4, 11, {"epochs": 3}), (5, 7, {"epochs": 0})]
+    ref = [_job(model, i, n, **{**kw, **e}).run(model) for i, n, e in specs]
+    got = train_cohort(model, [_job(model, i, n, **{**kw, **e}) for i, n, e in specs])
+    for (p_ref, s_ref), (p, s) in zip(ref, got):
+        assert _close(p, p_ref), (kw, s_ref)
+        assert (s.steps, s.samples) == (s_ref.steps, s_ref.samples)
+        assert (math.isnan(s.loss) and math.isnan(s_ref.loss)) or abs(s.loss - s_ref.loss) < 1e-5
+    # the check has teeth: training moved the parameters well beyond the tolerance
+    moved = max(float((got[0][0][k] - _job(model, 0, 13).params[k]).abs().max()) for k in got[0][0])
+    assert moved > 1e-2
+
+
+def test_a_nodes_result_does_not_depend_on_its_cohort() -> None:
+    """Bit for bit: alone, with others, at another position (design rule 4: no dependence
+    on processing order or on how a backend groups nodes)."""
+    model = _mlp()
+    alone = train_cohort(model, [_job(model, 2, 17)])[0][0]
+    for others in ([0, 1], [5, 4, 3, 6, 7, 8, 9]):
+        jobs = [_job(model, i, 9 + i) for i in others] + [_job(model, 2, 17)]
+        mixed = train_cohort(model, jobs)[-1][0]
+        assert all(torch.equal(alone[k], mixed[k]) for k in alone)
+
+
+def test_a_diverging_node_stays_in_its_lane() -> None:
+    model = _mlp()
+    bad = _job(model, 1, 10)
+    bad.x[0, 0, 0, 0] = float("nan")
+    res = train_cohort(model, [_job(model, 0, 10), bad])
+    assert math.isnan(res[1][1].loss) and math.isfinite(res[0][1].loss)
+    alone = train_cohort(model, [_job(model, 0, 10)])[0][0]
+    assert all(torch.equal(alone[k], res[0][0][k]) for k in alone)
+
+
+def test_the_rule() -> None:
+    mlp, cnn = _mlp(), build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0)
+    simple = build_model("simplecnn", num_classes=10, input_shape=(3, 32, 32), seed=0)
+    job = _job(mlp, 0, 10)
+    assert unsupported(mlp, job, "auto") is None and unsupported(mlp, job, "on") is None
+    assert unsupported(mlp, job, "off") is not None
+    assert "dropout" in unsupported(cnn, job, "on")  # FMNIST CNN: never (its dropout masks are seeded per node)
+    assert "Linear" in unsupported(simple, job, "auto")  # convolutions: measured not to pay
+    prox = _job(mlp, 0, 10, loss_fn=lambda m, x, y: F.cross_entropy(m(x), y))
+    assert "loss" in unsupported(mlp, prox, "on")  # FedProx, FedNTD, MOON: per-node path
+    bn = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
+    assert "buffers" in unsupported(bn, job, "on")
+    assert cohort.cohort_size(mlp, torch.device("cpu")) >= 8
+
+
+def _run(tmp_path: Path, alg: str, mode: str, monkeypatch, **over) -> tuple[Simulation, int]:
+    calls = [0]
+    orig = cohort.train_cohort
+
+    def counting(model, jobs):
+        calls[0] += len(jobs)
+        return orig(model, jobs)
+
+    monkeypatch.setattr(cohort, "train_cohort", counting)
+    c = digits_config(tmp_path / f"{alg}-{mode}", alg, rounds=2, **over)
+    c["engine"] = {"vectorize": mode}
+    if alg == "local":
+        c["topology"] = {"kind": "star", "sampling": "all"}
+    sim = Simulation(validate(c))
+    sim.result = sim.run()
+    return sim, calls[0]
+
+
+@pytest.mark.parametrize("alg", ["dfedavg", "fedavg", "local"])
+def test_run_with_cohorts_equals_the_per_node_run(tmp_path: Path, monkeypatch, alg: str) -> None:
+    off, n_off = _run(tmp_path, alg, "off", monkeypatch)
+    auto, n_auto = _run(tmp_path, alg, "auto", monkeypatch)
+    assert n_off == 0 and n_auto == {"dfedavg": 16, "fedavg": 8, "local": 16}[alg]  # every local SGD vectorised
+    for node, st in off.executor.states.items():
+        if "params" in st:
+            assert _close(st["params"], auto.executor.states[node]["params"], 1e-5), node
+    for a, b in zip(off.result.metrics, auto.result.metrics):
+        assert a.keys() == b.keys() and a["round"] == b["round"]
+        for k, v in a.items():
+            if k.startswith("bytes/") or k.startswith("declared/"):
+                assert v == b[k], k  # the same messages, the same bytes
+            elif isinstance(v, float):
+                assert abs(v - b[k]) < 1e-4, k
+
+
+def test_fedprox_keeps_the_per_node_path(tmp_path: Path, monkeypatch) -> None:
+    _, calls = _run(tmp_path, "fedprox", "on", monkeypatch)
+    assert calls == 0
+
+
+def test_engine_option() -> None:
+    assert validate({}).engine.vectorize == "auto"
+    with pytest.raises(ConfigError, match="vectorize"):
+        validate({"engine": {"vectorize": "yes"}})
+
+
+def test_a_diverging_node_is_reported_as_on_the_per_node_path(tmp_path: Path, monkeypatch) -> None:
+    from lowband.algorithms.decentralised import gossip
+
+    orig = gossip.local_job
+
+    def local_job(ctx, params, *args, **kw):
+        job = orig(ctx, params, *args, **kw)
+        if ctx.node == 3:  # a NaN input: NaN loss, NaN weights (default loss: still vectorised)
+            job.x = job.x.clone()
+            job.x[0] = float("nan")
+        return job
+
+    monkeypatch.setattr(gossip, "local_job", local_job)
+    runs = {mode: _run(tmp_path, "dfedavg", mode, monkeypatch) for mode in ("off", "auto")}
+    assert runs["off"][1] == 0 and runs["auto"][1] == 16
+    per = {mode: [r.get("faults/diverged", 0) for r in sim.result.metrics] for mode, (sim, _) in runs.items()}
+    assert per["off"] == per["auto"] == [0, 1, 1]
+    assert math.isnan(runs["auto"][0].executor.states[3]["loss"])
