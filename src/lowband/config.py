@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -288,6 +288,22 @@ class EvalConfig(_Strict):
         return v
 
 
+class EngineConfig(_Strict):
+    """How the round runs (docs/engine.md); changes no number, only where work runs."""
+
+    #: worker processes that run a step's calls in parallel: "auto" (one per core when the
+    #: machine has several and the federation is big enough to pay, else 1), or a count
+    #: (1: serially in this process). Serial executor only (Ray has ray_workers).
+    workers: Union[Literal["auto"], int] = "auto"
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"must be \"auto\" or a worker count >= 1 (1: serial), got {v!r}")
+        return v
+
+
 class Experiment(_Strict):
     """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
 
@@ -305,6 +321,7 @@ class Experiment(_Strict):
     ray_workers: Optional[int] = Field(None, ge=1)
     ray_num_cpus: Optional[int] = Field(None, ge=1)
     checkpoint_every: int = Field(1, ge=0)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

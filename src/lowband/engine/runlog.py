@@ -110,6 +110,10 @@ def _comparable(toml_text: str) -> str:
         pass
     for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus"):
         d.pop(key, None)
+    if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
+        d["engine"].pop("workers", None)
+        if not d["engine"]:
+            d.pop("engine")
     return json.dumps(d, sort_keys=True)
 
 
@@ -160,7 +164,7 @@ class RunLog:
                 raise RunDirError(f"--resume: cannot read {log.config_path} ({type(exc).__name__})") from None
             if _comparable(saved) != _comparable(exp.to_toml()):
                 raise RunDirError(
-                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor' and 'ray_*' may change); "
+                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor', 'ray_*' and 'engine.workers' may change); "
                     f"resume with the same config or choose another out_dir"
                 )
             done = log.completed_rounds()
