@@ -296,7 +296,7 @@ class EngineConfig(_Strict):
     #: (1: serially in this process). Serial executor only (Ray has ray_workers).
     workers: Union[Literal["auto"], int] = "auto"
 
-    @field_validator("workers")
+    @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, v: Any) -> Any:
         if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

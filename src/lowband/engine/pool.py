@@ -12,8 +12,8 @@ cores. Results are byte-identical to ``workers = 1`` run with the same ``threads
 (tests/test_pool.py): torch's float reductions depend on the thread count, not on the
 process.
 
-``"auto"`` (:func:`resolve_workers`): one worker per ``threads`` cores (all the cores the
-process may use, ``os.sched_getaffinity``) when there are at least two and the federation
+``"auto"`` (:func:`resolve_workers`): one worker per ``threads`` cores (the cores the
+process may use, :func:`usable_cores`) when there are at least two and the federation
 is big enough to pay for the start-up (model parameters x training samples of all nodes
 >= :data:`AUTO_MIN_WORK`), else the serial path in this process. ``workers = 1`` is the
 serial path.
@@ -45,11 +45,17 @@ AUTO_MIN_WORK = 1e9
 
 
 def usable_cores() -> int:
-    """The cores this process may run on."""
+    """The cores this run may use: those the process may run on (``os.sched_getaffinity``),
+    at most ``OMP_NUM_THREADS`` when that is set (a shared machine's way of giving a
+    command fewer cores; it also caps torch's threads)."""
     try:
-        return len(os.sched_getaffinity(0))
+        n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:
+        n = min(n, int(omp))
+    return max(1, n)
 
 
 def resolve_workers(workers: Union[str, int], threads: Optional[int], num_nodes: int,
@@ -207,7 +213,13 @@ class PoolExecutor(ShardedExecutor):
         new = {t: o for t, o in self._objs.items() if t not in self._sent[j]}
         self._sent[j].update(new)
         drop, self._drop[j] = self._drop[j], []
-        self._conns[j].send_bytes(_dumps((method, args, new, drop)))
+        try:
+            data = _dumps((method, args, new, drop))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ValueError(f"the worker pool ships each call to its workers by pickle, and this one cannot be "
+                             f"pickled ({str(exc).splitlines()[0]}); define step and evaluation functions at module "
+                             f"level, or set engine.workers = 1") from None
+        self._conns[j].send_bytes(data)
         return j
 
     def _wait(self, handles: list[int]) -> list[Any]:
