@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -294,11 +294,23 @@ class EvalConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """``[engine]``: how the round is computed (never what it computes, beyond float rounding)."""
+    """``[engine]``: how the round is computed (docs/engine.md): where work runs, never what
+    it computes, beyond float rounding."""
 
     #: local SGD of many nodes as one vectorised cohort (lowband.engine.cohort): "auto" where
     #: measured to pay (Linear-layer models), "on" wherever supported, "off" never
     vectorize: Literal["auto", "on", "off"] = "auto"
+    #: worker processes that run a step's calls in parallel: "auto" (one per core when the
+    #: machine has several and the federation is big enough to pay, else 1), or a count
+    #: (1: serially in this process). Serial executor only (Ray has ray_workers).
+    workers: Union[Literal["auto"], int] = "auto"
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"must be \"auto\" or a worker count >= 1 (1: serial), got {v!r}")
+        return v
 
 
 class LogConfig(_Strict):

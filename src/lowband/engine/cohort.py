@@ -328,6 +328,8 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
     """``SerialExecutor.run_step`` for a step marked by :func:`local_sgd_step`: the same
     per-node seeding, states, outboxes and divergence reports, with the supported jobs
     trained in cohorts and the others on the per-node path."""
+    from lowband.engine.executor import own_inbox  # (executor imports this module)
+
     prepare, finish = cohort_methods(step.fn)  # type: ignore[misc]
     env = executor.env
     pending: dict[int, tuple[Any, Any, list, SGDJob, torch.Tensor]] = {}
@@ -336,7 +338,7 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
     for node in step.actors:
         torch.manual_seed(derive_seed(env.seed, "torch", round, node, step.name))
         ctx = executor.context(node, round, plan)
-        state, inbox = executor.states[node], inboxes.get(node, [])
+        state, inbox = executor.states[node], own_inbox(inboxes, node)
         before = diverged_count()
         job = prepare(ctx, state, inbox)
         if unsupported(ctx.model, job, mode) is not None:  # exactly the step's own path

@@ -51,6 +51,29 @@ def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float
     return float(np.mean(vals[:k]))
 
 
+def personal_summary(prefix: str, accs: Sequence[float], losses: Sequence[float],
+                     ns: Sequence[float]) -> dict[str, float]:
+    """``personal``-style metrics from per-node (accuracy, loss, test samples): the
+    sample-weighted and plain mean accuracy, the worst 10%, the weighted loss (nodes with
+    no test samples left out). One definition for the simulator and the Flower adapter."""
+    a, lo, n = (np.asarray(v, dtype=float) for v in (accs, losses, ns))
+    ok = n > 0
+    out: dict[str, float] = {}
+    if ok.any():
+        out[f"{prefix}/acc_weighted"] = float(np.sum(a[ok] * n[ok]) / n[ok].sum())
+        out[f"{prefix}/acc_mean"] = float(a[ok].mean())
+        out[f"{prefix}/acc_worst10"] = worst_fraction_mean(a[ok].tolist(), 0.1)
+        out[f"{prefix}/loss"] = float(np.sum(lo[ok] * n[ok]) / n[ok].sum())
+    return out
+
+
+def node_global_summary(accs: Sequence[float], losses: Sequence[float]) -> dict[str, float]:
+    """``node_global`` metrics from per-node (accuracy, loss) on the global test set."""
+    a = np.asarray(accs, dtype=float)
+    return {"node_global/acc": float(np.nanmean(a)), "node_global/acc_std": float(np.nanstd(a)),
+            "node_global/loss": float(np.nanmean(np.asarray(losses, dtype=float)))}
+
+
 class Evaluator:
     """Runs the configured protocols every ``every`` rounds and returns a flat metric dict."""
 
@@ -104,18 +127,10 @@ class Evaluator:
         else:
             fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
             res = self.ex.map_nodes(fn, nodes, round, plan) if nodes else {}
-        accs = np.array([res[n][0] for n in nodes], dtype=float)
-        losses = np.array([res[n][1] for n in nodes], dtype=float)
-        ns = np.array([res[n][2] for n in nodes], dtype=float)
-        ok = ns > 0
-        out: dict[str, float] = {}
-        if ok.any():
-            out[f"{prefix}/acc_weighted"] = float(np.sum(accs[ok] * ns[ok]) / ns[ok].sum())
-            out[f"{prefix}/acc_mean"] = float(accs[ok].mean())
-            out[f"{prefix}/acc_worst10"] = worst_fraction_mean(accs[ok].tolist(), 0.1)
-            out[f"{prefix}/loss"] = float(np.sum(losses[ok] * ns[ok]) / ns[ok].sum())
+        ns = [res[n][2] for n in nodes]
+        out = personal_summary(prefix, [res[n][0] for n in nodes], [res[n][1] for n in nodes], ns)
         if prefix == "personal_joined":
-            out[f"{prefix}/n"] = float(ok.sum())
+            out[f"{prefix}/n"] = float(sum(1 for x in ns if x > 0))
         return out
 
     def _can_pool(self, nodes: Sequence[int]) -> bool:
@@ -148,10 +163,7 @@ class Evaluator:
 
         if "node_global" in self.protocols:
             res = self.ex.map_nodes(partial(_eval_node_global, alg=alg, test=test, bs=bs), nodes, round, plan)
-            accs = np.array([res[n][0] for n in nodes], dtype=float)
-            out["node_global/acc"] = float(np.nanmean(accs))
-            out["node_global/acc_std"] = float(np.nanstd(accs))
-            out["node_global/loss"] = float(np.nanmean([res[n][1] for n in nodes]))
+            out.update(node_global_summary([res[n][0] for n in nodes], [res[n][1] for n in nodes]))
 
         if "consensus" in self.protocols:  # the average of ALL nodes' weights, whatever eval.nodes says
             everyone = range(self.num_nodes)

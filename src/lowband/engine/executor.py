@@ -2,11 +2,12 @@
 
 The orchestrator hands an executor a :class:`~lowband.algorithms.base.Step` and the
 inboxes; the executor runs the step's function on each actor with that actor's context
-and state only, stores the new state and returns the outboxes. A distributed executor
-(:class:`lowband.engine.ray_executor.RayExecutor`) implements the same methods with node
-states sharded across workers, plus an optional ``run_round(steps, round, plan,
-network)`` that runs a whole round's steps and routes the messages where the nodes live
-(the simulator uses it when an executor has it; encoding and counting stay identical).
+and state only, stores the new state and returns the outboxes. The round itself (routing,
+encoding, counting) is :mod:`lowband.engine.rounds`, the same for every backend: the
+serial executor is its one in-process place; the worker pool
+(:class:`lowband.engine.pool.PoolExecutor`) and Ray
+(:class:`lowband.engine.ray_executor.RayExecutor`) shard the node states over places in
+other processes and implement the same methods.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ from lowband.engine import cohort
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 from lowband.train import diverged_count
+
+
+def own_inbox(inboxes: dict[int, list[Envelope]], node: int) -> list[Envelope]:
+    """``node``'s inbox with a private copy of every shared (broadcast) message: a broadcast's
+    decoded message is held once for all its receivers (memory), and each receiver gets its
+    own copy only when its step runs, so the copies do not pile up and no receiver's writes
+    reach another's."""
+    return [Envelope(e.src, e.msg.clone()) if e.shared else e for e in inboxes.get(node, [])]
 
 
 @dataclass
@@ -121,9 +130,7 @@ class SerialExecutor:
             torch.manual_seed(derive_seed(self.env.seed, "torch", round, node, step.name))
             ctx = self.context(node, round, plan)
             before = diverged_count()
-            # a broadcast's decoded message is held once for all receivers (memory); each
-            # receiver gets its own copy only now, for its step, so the copies do not pile up
-            inbox = [Envelope(e.src, e.msg.clone()) if e.shared else e for e in inboxes.get(node, [])]
+            inbox = own_inbox(inboxes, node)
             new_state, outbox = step.fn(ctx, self.states[node], inbox)
             if diverged_count() != before:
                 self.diverged.append((round, node))
@@ -144,9 +151,14 @@ class SerialExecutor:
 
 
 def make_executor(kind: str, env: NodeEnv, **options: Any) -> Executor:
-    """The executor named in the config ("serial"; "ray" with the ray extra)."""
+    """The executor named in the config ("serial"; "pool": local worker processes,
+    ``[engine] workers``; "ray" with the ray extra)."""
     if kind == "serial":
         return SerialExecutor(env)
+    if kind == "pool":
+        from lowband.engine.pool import PoolExecutor
+
+        return PoolExecutor(env, **options)
     if kind == "ray":
         try:
             from lowband.engine.ray_executor import RayExecutor  # type: ignore[import-not-found]

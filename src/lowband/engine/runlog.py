@@ -111,6 +111,10 @@ def _comparable(toml_text: str) -> str:
         pass
     for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log"):
         d.pop(key, None)
+    if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
+        d["engine"].pop("workers", None)
+        if not d["engine"]:
+            d.pop("engine")
     return json.dumps(d, sort_keys=True)
 
 
@@ -173,7 +177,7 @@ class RunLog:
                 raise RunDirError(f"--resume: cannot read {log.config_path} ({type(exc).__name__})") from None
             if _comparable(saved) != _comparable(exp.to_toml()):
                 raise RunDirError(
-                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor', 'ray_*', 'device' and 'log' may change); "
+                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor', 'ray_*', 'device', 'log' and 'engine.workers' may change); "
                     f"resume with the same config or choose another out_dir"
                 )
             done = log.completed_rounds()

@@ -3,9 +3,10 @@
 ``Simulation(exp).run()`` executes an experiment. Per round ``r`` (1-based):
 
 1. the topology gives the round plan (sampled clients, the peer graph, the contacts);
-2. the algorithm gives the round's steps; for each step the executor runs the step's
-   function on every actor, and the network encodes, counts and delivers every message
-   the actors sent;
+2. the algorithm gives the round's steps; :class:`~lowband.engine.rounds.RoundLoop` plays
+   them (the one round loop of every backend): for each step the backend runs the step's
+   function on every actor where the actor lives, and every message the actors sent is
+   encoded, counted and delivered;
 3. every ``eval.every`` rounds the evaluator measures the named protocols;
 4. one line goes to metrics.jsonl (deterministic), one to timing.jsonl, and a checkpoint
    is written, so ``resume=True`` continues to the identical result.
@@ -43,7 +44,10 @@ from lowband.data.sources import Dataset, load_dataset
 from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
 from lowband.engine.evaluation import Evaluator
-from lowband.engine.executor import NodeEnv, ServerData, make_executor
+from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor, make_executor
+from lowband.engine.pool import PoolExecutor, resolve_workers
+from lowband.engine.rounds import LocalPlace, RoundLoop, append_records, late_links, send
+from lowband.engine.rounds import deliver as deliver_items
 from lowband.engine.runlog import RunLog, summarize
 from lowband.faults import NO_FAULTS, FaultModel, RoundFaults, dropped_count
 from lowband.models import MODELS, build_model, count_params
@@ -283,11 +287,22 @@ class Simulation:
             vectorize=exp.engine.vectorize,
         )
         options: dict[str, Any] = {}
+        kind = exp.executor
         if exp.executor == "ray":
             options = {"address": exp.ray_address, "num_workers": exp.ray_workers,
                        "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
+        else:
+            #: worker processes of the round ([engine] workers; 1: this process, serially)
+            self.workers = 1 if not is_cpu(self.device) else resolve_workers(  # a GPU run stays in this process
+                exp.engine.workers, exp.threads, self.num_nodes, self.model_size,
+                sum(int(nd.n_train) for nd in self.fed.nodes))
+            if self.workers > 1:
+                kind, options = "pool", {"num_workers": self.workers, "threads": exp.threads}
         with config_errors("executor"):
-            self.executor = make_executor(exp.executor, env, **options)
+            self.executor = make_executor(kind, env, **options)
+        #: the one round loop; the backend decides where each step's calls run
+        self.loop = RoundLoop(self.network, LocalPlace(self.executor, self.network)
+                              if isinstance(self.executor, SerialExecutor) else self.executor)
         self.protocols = checks.resolve_protocols(self.alg, self.fed, exp.eval.protocols)
         self.main_metric = exp.eval.main or self._default_main()
         known = [f"{p}/{m}" for p in self.protocols for m in PROTOCOL_METRICS[p]]
@@ -317,26 +332,16 @@ class Simulation:
 
         Every transfer is counted; a message refused by its receiver's validation, sent by
         a late node or addressed to a dropped one is left out of the inboxes.
-        ``deliver=False`` (the round's last step, whose inboxes nobody reads) only counts."""
+        ``deliver=False`` (the round's last step, whose inboxes nobody reads) only counts.
+        For callers that run steps by hand (``executor.run_step``); :meth:`run` plays whole
+        rounds with :attr:`loop`, through the same :func:`~lowband.engine.rounds.send` and
+        :func:`~lowband.engine.rounds.deliver`."""
         net = self.network
         start = len(net.rejections)
-        inboxes: dict[int, list[Envelope]] = {}
-        for src in sorted(outboxes):
-            for t in net.encode_outbox(round, src, outboxes[src].items):
-                net.record(round, t)
-                dsts = t.dsts
-                if self._clock is not None and t.data is not None:  # [links] deadline: late replies are not delivered
-                    n = len(t.data) + int(t.declared)
-                    dsts = tuple(d for d in dsts if self._clock.on_time(self._clock.transfer(src, d, t.direction, n))
-                                 or t.direction == "down")
-                if not deliver:
-                    continue
-                dsts = faults.deliverable(src, dsts) if faults.any else dsts
-                shared = len(dsts) > 1  # held once; the executor clones it for each receiver's step
-                for dst, m in net.receive(t.data, src, dsts, round=round, kind=t.kind, stand_in=t.stand_in,
-                                          share=shared).items():
-                    inboxes.setdefault(dst, []).append(Envelope(src, m, shared))
-        inboxes = net.screen(round, inboxes)
+        records, local, _ = send(net, round, outboxes, last=not deliver)
+        append_records(net.ledger, round, records)
+        late = late_links(self._clock, records) if self._clock is not None else frozenset()
+        inboxes = deliver_items(net, round, local, faults, late) if deliver else {}
         # the order the Ray executor reports them in (it only changes which one is logged)
         net.rejections[start:] = sorted(net.rejections[start:], key=lambda x: (x.src, x.dst, x.reason, x.kind))
         return inboxes
@@ -361,7 +366,7 @@ class Simulation:
             per = self.incidents.setdefault(int(round), {})
             per[key] = per.get(key, 0) + int(n)
 
-    def _collect(self, round: int) -> None:
+    def _collect(self, round: int, diverged: Optional[list[tuple[int, int]]] = None) -> None:
         """Move the round's rejections and divergences into :attr:`incidents`; log the
         first of each reason once per run."""
         rejections: list[Rejection] = self.network.rejections
@@ -372,8 +377,8 @@ class Simulation:
                 self._logged.add(rej.reason)
                 logger.warning("%s; further '%s' rejections are counted in metrics.jsonl as rejected/%s, not logged",
                                rej.describe(), rej.reason, rej.reason)
-        diverged = list(getattr(self.executor, "diverged", []))
-        if diverged:
+        diverged = list(diverged or []) + list(getattr(self.executor, "diverged", []))
+        if getattr(self.executor, "diverged", None):
             self.executor.diverged.clear()
         for r, node in diverged:
             self._note(round, "faults/diverged")
@@ -451,19 +456,11 @@ class Simulation:
             if faults.dropped:
                 self._note(r, "faults/dropped", dropped_count(faults, plan, steps))
                 steps = [Step(s.name, faults.actors(s.actors), s.fn) for s in steps]
-            run_round = getattr(self.executor, "run_round", None)
-            if run_round is not None:  # a distributed executor routes where the nodes live
-                run_round(steps, r, round_plan, self.network, faults=faults)
-            else:
-                inboxes: dict[int, list[Envelope]] = {}
-                for k, step in enumerate(steps):
-                    outboxes = self.executor.run_step(step, r, round_plan, inboxes)
-                    inboxes = self.route(r, outboxes, faults, deliver=k < len(steps) - 1)
-                    del outboxes  # the sent messages are not held through the next step (memory)
+            diverged = self.loop.play(steps, r, round_plan, faults, self._clock)
             if faults.late:  # late nodes that sent something this round (counted, not delivered)
                 cols = self.ledger.columns()
                 self._note(r, "faults/late", len(faults.late & set(cols["src"][cols["round"] == r].tolist())))
-            self._collect(r)
+            self._collect(r, diverged)
             if self.timer is not None:
                 self.timer.finish(self.ledger, r)
                 if self._clock is not None:
@@ -495,7 +492,7 @@ class Simulation:
             metrics, main=self.main_metric, target=exp.eval.target,
             extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
-                   "seed": exp.seed, "protocols": self.protocols, **self._ledger_summary(),
+                   "seed": exp.seed, "protocols": self.protocols, **self.ledger_summary(),
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
                    **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
@@ -510,6 +507,8 @@ class Simulation:
         if log is not None:
             log.write_ledger(self.ledger)
             log.write_summary(summary)
+        if isinstance(self.executor, PoolExecutor):
+            self.executor.close()  # the worker processes end with the run (their states stay readable)
         return RunResult(str(log.dir) if log else "", summary, metrics)
 
     def _evaluate(self, r: int, plan: RoundPlan) -> dict[str, Any]:
@@ -533,7 +532,9 @@ class Simulation:
                     rec[f"alg/{k}"] = float(v)
         return rec
 
-    def _ledger_summary(self) -> dict[str, Any]:
+    def ledger_summary(self) -> dict[str, Any]:
+        """The run's byte totals for summary.json: ``bytes_<direction>`` (encoded) and
+        ``declared_bytes_<direction>`` per link direction (up, down, peer)."""
         out: dict[str, Any] = {}
         for direction in ("up", "down", "peer"):
             e, d = self.ledger.totals(direction=direction)

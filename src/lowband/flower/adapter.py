@@ -54,7 +54,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -66,7 +65,10 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message as LBMessage
 from lowband.comm.network import Network
 from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
-from lowband.engine.evaluation import _eval_node_global, _eval_personal, _eval_server, worst_fraction_mean
+from lowband.engine.evaluation import (
+    _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
+)
+from lowband.engine.rounds import append_records, send
 from lowband.engine.runlog import RunLog, summarize
 from lowband.engine.simulator import Simulation, encode_outbox
 from lowband.flower.guard import (
@@ -100,7 +102,12 @@ def experiment_from_run_config(run_config: dict[str, Any], base_dir: Optional[Pa
     if exp.device != "cpu":  # its decoders hand out CPU tensors (lowband.flower.guard)
         raise ConfigError(f"device: the Flower adapter runs on the CPU only, got device = {exp.device!r}; "
                           f"leave device out (or \"cpu\") for flwr run")
-    return exp
+    return _in_process(exp)
+
+
+def _in_process(exp: Experiment) -> Experiment:
+    """``exp`` run in this process (no worker pool): each side holds its own nodes."""
+    return exp.model_copy(update={"engine": exp.engine.model_copy(update={"workers": 1})})
 
 
 def _check_exportable(sim: Simulation) -> None:
@@ -134,7 +141,7 @@ def _setup(exp: Experiment) -> Simulation:
     simulation runtime calls many virtual clients in one process)."""
     key = exp.to_toml()
     if key not in _SETUPS:
-        sim = Simulation(exp, write=False)
+        sim = Simulation(_in_process(exp), write=False)
         _check_exportable(sim)
         _SETUPS.clear()
         _SETUPS[key] = sim
@@ -352,7 +359,7 @@ class FlowerRun:
         self.grid = grid
         self.timeout = timeout
         self.write = write
-        self.sim = Simulation(exp, write=False)  # its own: never shares states with an in-process client
+        self.sim = Simulation(_in_process(exp), write=False)  # its own: never shares states with an in-process client
         _check_exportable(self.sim)
         self.net = self.sim.network  # the ServerApp's ledger is the run's ledger
         self.node_ids: dict[int, int] = {}
@@ -508,7 +515,7 @@ class FlowerRun:
                 extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
                        "model": exp.model.name, "model_params": sim.model_size, "num_nodes": sim.num_nodes,
                        "seed": exp.seed, "protocols": sim.protocols, "backend": "flower",
-                       **sim._ledger_summary()}))
+                       **sim.ledger_summary()}))
         return metrics
 
     def _server_step(self, step: Step, r: int, plan: Any, inbox: list[Envelope]) -> Outbox:
@@ -575,13 +582,12 @@ class FlowerRun:
                     for d in dsts:
                         self._sent.setdefault(int(d), {}).update(
                             {k: (tuple(v.shape), v.dtype) for k, v in m.tensors.items()})
-                for t in encode_outbox(self.net, r, SERVER, server_out):
-                    if len(t.dsts) == 1:
-                        ledger.record(r, SERVER, t.dsts[0], t.direction, t.kind, len(t.data), t.declared)
-                    else:
-                        ledger.record_many(r, SERVER, t.dsts, t.direction, t.kind, len(t.data), t.declared)
-                    for d in t.dsts:
-                        client_inbox.setdefault(d, []).append(_Pending(SERVER, t.index, t.data))
+                # encoded and counted as in the engine's round loop (lowband.engine.rounds.send)
+                records, items, _ = send(self.net, r, {SERVER: server_out})
+                append_records(ledger, r, records)
+                for (_, index), dsts, data, _, _ in items:
+                    for d in dsts:
+                        client_inbox.setdefault(d, []).append(_Pending(SERVER, index, data))
             for c in sorted(replies):
                 kinds: set[str] = set()
                 for i, data in enumerate(replies[c]):
@@ -625,22 +631,13 @@ class FlowerRun:
                     res.append(check_eval(got, on_clients, self.n_test[c]))
                 except Rejected as e:
                     self._reject(e.reason, c, r, e.detail)
-            # the aggregation of lowband.engine.evaluation.Evaluator, on the same per-node numbers
+            # the aggregation of lowband.engine.evaluation, on the same per-node numbers
             if "personal" in on_clients and res:
-                accs = np.array([m["personal/acc"] for m in res], dtype=float)
-                losses = np.array([m["personal/loss"] for m in res], dtype=float)
-                ns = np.array([m["personal/n"] for m in res], dtype=float)
-                ok = ns > 0
-                if ok.any():
-                    rec["personal/acc_weighted"] = float(np.sum(accs[ok] * ns[ok]) / ns[ok].sum())
-                    rec["personal/acc_mean"] = float(accs[ok].mean())
-                    rec["personal/acc_worst10"] = worst_fraction_mean(accs[ok].tolist(), 0.1)
-                    rec["personal/loss"] = float(np.sum(losses[ok] * ns[ok]) / ns[ok].sum())
+                rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
+                                            [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
             if "node_global" in on_clients and res:
-                accs = np.array([m["node_global/acc"] for m in res], dtype=float)
-                rec["node_global/acc"] = float(np.nanmean(accs))
-                rec["node_global/acc_std"] = float(np.nanstd(accs))
-                rec["node_global/loss"] = float(np.nanmean([m["node_global/loss"] for m in res]))
+                rec.update(node_global_summary([m["node_global/acc"] for m in res],
+                                               [m["node_global/loss"] for m in res]))
         rec.update(sim.byte_record(r))
         rec.update({f"alg/{k}": float(v) for k, v in (alg.round_metrics(ex.states[SERVER]) or {}).items()})
         rec.update(self.rejection_record())

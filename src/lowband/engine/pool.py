@@ -1,0 +1,255 @@
+"""Parallel local workers: the step calls of one step run in worker processes.
+
+``[engine] workers = "auto" | N`` (default ``"auto"``). ``N > 1`` starts ``N`` worker
+processes at the start of the run; each is a :class:`~lowband.engine.rounds.Place` owning a
+contiguous block of nodes (their data, inherited from the parent when the platform forks,
+their states, one module per architecture, their codec states), exactly as a Ray shard
+does, so the round is the one round loop of :mod:`lowband.engine.rounds`: node states
+stay in the workers, only the step's arguments, the encoded messages between workers and
+the ledger records cross the pipes. Each worker runs ``threads`` torch threads (the
+config's ``threads``, else ``cores // workers``), so the workers never oversubscribe the
+cores. Results are byte-identical to ``workers = 1`` run with the same ``threads``
+(tests/test_pool.py): torch's float reductions depend on the thread count, not on the
+process.
+
+``"auto"`` (:func:`resolve_workers`): one worker per ``threads`` cores (the cores the
+process may use, :func:`usable_cores`) when there are at least two and the federation
+is big enough to pay for the start-up (model parameters x training samples of all nodes
+>= :data:`AUTO_MIN_WORK`), else the serial path in this process. ``workers = 1`` is the
+serial path.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import multiprocessing as mp
+import os
+import pickle
+import traceback
+import types
+import weakref
+from typing import Any, Optional, Union
+
+import torch
+
+from lowband.engine.executor import NodeEnv, SerialExecutor
+from lowband.engine.rounds import Place, PutCache, ShardedExecutor
+from lowband.topology import RoundPlan
+
+__all__ = ["PoolExecutor", "resolve_workers", "usable_cores", "AUTO_MIN_WORK"]
+
+#: ``workers = "auto"`` starts a pool when model parameters x training samples (all nodes)
+#: reach this: FMNIST CNN federations (~1e10) do, the embedded digits tests (~1e6) do not
+AUTO_MIN_WORK = 1e9
+
+
+def usable_cores() -> int:
+    """The cores this run may use: those the process may run on (``os.sched_getaffinity``),
+    at most ``OMP_NUM_THREADS`` when that is set (a shared machine's way of giving a
+    command fewer cores; it also caps torch's threads)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:
+        n = min(n, int(omp))
+    return max(1, n)
+
+
+def resolve_workers(workers: Union[str, int], threads: Optional[int], num_nodes: int,
+                    model_params: int, train_samples: int) -> int:
+    """How many worker processes run the round (1: serially in this process)."""
+    if workers == "auto":
+        w = usable_cores() // max(1, int(threads or 1))
+        if w < 2 or num_nodes < 2 or model_params * train_samples < AUTO_MIN_WORK:
+            return 1
+        return min(w, num_nodes)
+    return max(1, min(int(workers), max(num_nodes, 1)))
+
+
+# --------------------------------------------------------------------------- pickling
+
+
+def _mappingproxy(d: dict) -> types.MappingProxyType:
+    return types.MappingProxyType(d)
+
+
+class _Pickler(pickle.Pickler):
+    # round plans hold read-only mapping proxies, which plain pickle refuses
+    dispatch_table = copyreg.dispatch_table.copy()
+    dispatch_table[types.MappingProxyType] = lambda m: (_mappingproxy, (dict(m),))
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+class _Tok:
+    """A reference to an argument already shipped to the worker."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int):
+        self.token = token
+
+
+# --------------------------------------------------------------------------- worker
+
+
+class _WorkerPlace(Place):
+    def __init__(self, ex: SerialExecutor, index: int, num: int):
+        super().__init__(ex, index, num)
+        self.cache: dict[int, Any] = {}
+
+    def get(self, ref: Any) -> Any:
+        return self.cache[ref]
+
+
+def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
+    """A worker's loop: calls on its place, until the parent says stop (None) or goes."""
+    torch.set_num_threads(int(threads))
+    place = _WorkerPlace(SerialExecutor(env), index, num)
+    while True:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        method, args, new, drop = msg
+        place.cache.update(new)
+        for t in drop:
+            place.cache.pop(t, None)
+        try:
+            args = [place.cache[a.token] if isinstance(a, _Tok) else a for a in args]
+            out: tuple = ("ok", getattr(place, method)(*args))
+        except Exception as exc:  # reported to the parent, which raises it
+            out = ("err", exc, traceback.format_exc())
+        try:
+            data = _dumps(out)
+        except Exception as exc:  # an unpicklable result or exception
+            data = _dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
+        conn.send_bytes(data)
+
+
+def _shutdown(conns: list[Any], procs: list[Any]) -> None:
+    for c in conns:
+        try:
+            c.send_bytes(_dumps(None))
+        except (OSError, ValueError):
+            pass
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.terminate()
+    for c in conns:
+        c.close()
+
+
+# --------------------------------------------------------------------------- parent
+
+
+class PoolExecutor(ShardedExecutor):
+    """``num_workers`` worker processes, each owning a block of nodes (see the module
+    docstring). ``threads``: torch threads per worker (None: cores // workers).
+    ``start_method``: multiprocessing's ("fork" where available: the data is inherited,
+    not copied; else "spawn")."""
+
+    def __init__(self, env: NodeEnv, *, num_workers: int, threads: Optional[int] = None,
+                 start_method: Optional[str] = None):
+        super().__init__()
+        self.env = env
+        self.num_workers = max(1, min(int(num_workers), max(env.num_nodes, 1)))
+        self.threads = int(threads or max(1, usable_cores() // self.num_workers))
+        method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        ctx = mp.get_context(method)
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        for j in range(self.num_workers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
+                               daemon=True, name=f"lowband-worker-{j}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs)
+        self._cache = PutCache(32)
+        self._objs: dict[int, Any] = {}  # token -> object, while cached
+        self._sent: list[set[int]] = [set() for _ in range(self.num_workers)]
+        self._drop: list[list[int]] = [[] for _ in range(self.num_workers)]
+        self._next = 0
+        self._closed: Optional[tuple[dict, dict]] = None  # (states, codec states) after close()
+
+    # -- transport -------------------------------------------------------------------------
+    def _token(self, obj: Any) -> int:
+        tok = self._cache.get(obj)
+        if tok is None:
+            tok, self._next = self._next, self._next + 1
+            self._objs[tok] = obj
+            for gone in self._cache.add(obj, tok):
+                self._objs.pop(gone, None)
+                for j in range(self.num_workers):
+                    if gone in self._sent[j]:
+                        self._sent[j].discard(gone)
+                        self._drop[j].append(gone)
+        return tok
+
+    def _put(self, obj: Any) -> tuple[str, Any]:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return ("val", obj)
+        return ("ref", self._token(obj))
+
+    def _plan(self, plan: RoundPlan) -> Any:
+        return _Tok(self._token(plan))
+
+    def _submit(self, j: int, method: str, *args: Any) -> int:
+        if self._closed is not None:
+            raise RuntimeError("the worker pool was closed at the end of the run; start a new Simulation")
+        new = {t: o for t, o in self._objs.items() if t not in self._sent[j]}
+        self._sent[j].update(new)
+        drop, self._drop[j] = self._drop[j], []
+        try:
+            data = _dumps((method, args, new, drop))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ValueError(f"the worker pool ships each call to its workers by pickle, and this one cannot be "
+                             f"pickled ({str(exc).splitlines()[0]}); define step and evaluation functions at module "
+                             f"level, or set engine.workers = 1") from None
+        self._conns[j].send_bytes(data)
+        return j
+
+    def _wait(self, handles: list[int]) -> list[Any]:
+        out, err = [], None
+        for j in handles:
+            try:
+                status, *rest = pickle.loads(self._conns[j].recv_bytes())
+            except (EOFError, OSError):
+                raise RuntimeError(f"worker {j} (pid {self._procs[j].pid}) died (exit code "
+                                   f"{self._procs[j].exitcode}); see its output above") from None
+            if status == "err":
+                err = err or rest
+                out.append(None)
+            else:
+                out.append(rest[0])
+        if err is not None:
+            exc, tb = err
+            raise exc from RuntimeError(f"in a worker process:\n{tb}")
+        return out
+
+    # -- life cycle ------------------------------------------------------------------------
+    @property
+    def states(self) -> dict[int, Any]:
+        return dict(self._closed[0]) if self._closed is not None else super().states
+
+    def codec_state_dict(self) -> dict[str, Any]:
+        return dict(self._closed[1]) if self._closed is not None else super().codec_state_dict()
+
+    def close(self) -> None:
+        """Keep a snapshot of the states (still readable) and stop the workers."""
+        if self._closed is None:
+            self._closed = (super().states, super().codec_state_dict())
+            self._finalizer()

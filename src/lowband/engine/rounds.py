@@ -1,0 +1,515 @@
+"""The one round loop: steps -> actors -> outboxes -> encode/count -> deliver, for every backend.
+
+A round is a short list of :class:`~lowband.algorithms.base.Step` s. This module holds the
+only code that plays them; backends decide *where* the step calls run and nothing else.
+
+**Places.** Nodes live in *places*: a place (:class:`Place`) holds a block of nodes (their
+data, their states, one module per architecture, see
+:class:`~lowband.engine.executor.SerialExecutor`), the codec states of those nodes as
+senders (error-feedback residuals, warm starts: :attr:`Network.codec_states`), and the
+messages waiting for them. Node ``i`` lives in place :func:`place_of` (contiguous blocks,
+the server in place 0). A serial run has one place, in this process; the worker-process
+pool (:mod:`lowband.engine.pool`) and Ray (:mod:`lowband.engine.ray_executor`) have one
+place per worker.
+
+**One step, on one place** (:meth:`Place.step`, the same code in every backend):
+
+1. *deliver* the messages sent to this place's nodes in the previous step
+   (:func:`deliver`: faults and deadline filter, decode once per transfer, each receiver's
+   own validated copy, norm screening: design rule 8), in the serial inbox order (by
+   sender, then outbox order);
+2. *run the batch of step calls*: ``executor.run_step(step, round, plan, inboxes)`` runs
+   the step function on every actor of the place, each with its own context and state
+   (seeded by ``(seed, "torch", round, node, step)``), stores the new states and returns
+   the outboxes. This is the seam for other ways of running a batch: a vectorised cohort
+   runner (one ``torch.func`` call training every actor of the batch) replaces the
+   per-actor loop inside ``run_step``, receiving the same arguments and returning the same
+   ``{actor: Outbox}`` with the same new states;
+3. *encode* every outbox with the run's codecs and the addressed codec generators
+   (:func:`send`), keep the messages for this place's own nodes, bundle the wire bytes for
+   the other places, and return the ledger records (a few integers per message).
+
+**One round, on the driver** (:class:`RoundLoop`): for each step, the backend runs
+:meth:`Place.step` on every place (``backend.step_places``) and carries each place's
+bundles to their places for the next step; the loop appends the ledger records in the
+serial order (sender, then outbox order), raises the first refusal under
+``on_invalid = "abort"``, collects refusals and divergences, and feeds the ``[links]``
+deadline clock, whose late (message, receiver) pairs the next step does not deliver.
+Metrics, ledger, states and codec states are therefore byte-identical across backends
+(given the same torch thread count per step call).
+
+A backend implements ``step_places(step, round, plan, codecs, seed, policy, faults,
+late, first, last) -> [(records, refusals, divergences) per place]`` plus the executor
+protocol (``init_states``, ``run_step``, ``map_nodes``, ``state_dict`` ...).
+:class:`ShardedExecutor` implements all of it over ``W`` places given two transport
+methods (``_submit`` a call to a place, ``_wait`` for results) and ``_put`` (ship a
+read-only argument once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
+
+import torch
+
+from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, State, Step
+from lowband.comm.ledger import Ledger
+from lowband.comm.network import CodecConfig, Network
+from lowband.comm.validate import ExpectedShapes, InvalidMessageError, Rejection, ValidationPolicy, Validator
+from lowband.engine.executor import NodeEnv, SerialExecutor, ServerData
+from lowband.faults import NO_FAULTS, RoundFaults
+from lowband.seeding import derive_seed
+from lowband.topology import RoundPlan
+
+__all__ = ["Place", "RoundLoop", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
+
+# a message in flight: ((src, item index), receivers on the destination place, wire bytes
+# or a backend's handle of them (None: refused at the sender), stand-in tensors or None, kind)
+Item = tuple[tuple[int, int], tuple[int, ...], Any, Optional[dict[str, torch.Tensor]], str]
+# a ledger record: (src, item index, receivers, direction, kind, encoded bytes, declared bytes)
+Record = tuple[int, int, tuple[int, ...], str, str, int, int]
+# what one place reports of one step: (records, refusals, divergences (round, node))
+Summary = tuple[list[Record], list[Rejection], list[tuple[int, int]]]
+# (src, item index, receiver) pairs the [links] deadline keeps from being delivered
+Late = frozenset[tuple[int, int, int]]
+
+
+def place_of(node: int, num_nodes: int, num_places: int) -> int:
+    """The place that owns ``node``: contiguous blocks; the server lives in place 0."""
+    if node == SERVER or num_places <= 1:
+        return 0
+    return node * num_places // max(num_nodes, 1)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def send(net: Network, round: int, outboxes: dict[int, Outbox], *, here: int = 0,
+         where: Callable[[int], int] = lambda node: 0, num_places: int = 1, last: bool = False,
+         share: Callable[[bytes, int], Any] = lambda data, n: data) -> tuple[list[Record], list[Item], list[list[Item]]]:
+    """Encode every outbox (senders in id order, entries in outbox order) with ``net``'s
+    codecs: a broadcast is encoded once for all its receivers. Returns the ledger records,
+    the messages for place ``here`` and, per place, those for the other places (``last``:
+    the round's last step, whose messages nobody reads: records only). ``share(data, n)``
+    turns bytes going to ``n > 1`` other places into one shared handle (Ray's object store)."""
+    records: list[Record] = []
+    local: list[Item] = []
+    bundles: list[list[Item]] = [[] for _ in range(num_places)]
+    for src in sorted(outboxes):
+        for t in net.encode_outbox(round, src, outboxes[src].items):
+            if t.data is not None:
+                records.append((t.src, t.index, t.dsts, t.direction, t.kind, len(t.data), t.declared))
+            if last:
+                continue
+            per_place: dict[int, list[int]] = {}
+            for d in t.dsts:
+                per_place.setdefault(where(d), []).append(d)
+            remote = [j for j in per_place if j != here]
+            payload: Any = share(t.data, len(remote)) if len(remote) > 1 and t.data is not None else t.data
+            stand_in = t.stand_in or None
+            for j, ds in per_place.items():
+                item = ((t.src, t.index), tuple(ds), t.data if j == here else payload, stand_in, t.kind)
+                (local if j == here else bundles[j]).append(item)
+    return records, local, bundles
+
+
+def deliver(net: Network, round: int, items: Iterable[Item], faults: RoundFaults = NO_FAULTS,
+            late: Late = frozenset(), fetch: Callable[[Any], Optional[bytes]] = lambda p: p) -> dict[int, list[Envelope]]:
+    """Decode each message once and hand it to every receiver that validates it (one shared
+    object for a broadcast; :func:`lowband.engine.executor.own_inbox` copies it for each
+    receiver's step), in the
+    serial inbox order (by sender, then outbox order); messages of late or dropped nodes
+    (``faults``) and (message, receiver) pairs past the deadline (``late``) are left out;
+    then the receivers' norm screening. Refusals go to ``net.rejections``."""
+    inboxes: dict[int, list[Envelope]] = {}
+    for (src, index), dsts, payload, stand_in, kind in sorted(items, key=lambda it: it[0]):
+        if late:
+            dsts = tuple(d for d in dsts if (src, index, d) not in late)
+        dsts = faults.deliverable(src, dsts) if faults.any else dsts
+        if not dsts:
+            continue
+        data = payload if payload is None or isinstance(payload, bytes) else fetch(payload)
+        shared = len(dsts) > 1  # decoded once and held once; each receiver's step gets its own copy
+        for dst, m in net.receive(data, src, dsts, round=round, kind=kind, stand_in=stand_in, share=shared).items():
+            inboxes.setdefault(dst, []).append(Envelope(src, m, shared))
+    return net.screen(round, inboxes)
+
+
+def late_links(clock: Any, records: Sequence[Record]) -> Late:
+    """Feed the ``[links]`` deadline clock the step's transfers in the serial order; the
+    (message, receiver) pairs that arrive past the deadline (downlinks are never late)."""
+    late: set[tuple[int, int, int]] = set()
+    for src, index, dsts, direction, _, nbytes, declared in records:
+        n = nbytes + int(declared)
+        for d in dsts:
+            if not (clock.on_time(clock.transfer(src, d, direction, n)) or direction == "down"):
+                late.add((src, index, d))
+    return frozenset(late)
+
+
+def append_records(ledger: Ledger, round: int, records: Iterable[Record]) -> None:
+    for src, _, dsts, direction, kind, nbytes, declared in records:
+        if len(dsts) == 1:
+            ledger.record(round, src, dsts[0], direction, kind, nbytes, declared)
+        else:
+            ledger.record_many(round, src, dsts, direction, kind, nbytes, declared)
+
+
+# --------------------------------------------------------------------------- step functions
+
+
+def fn_spec(fn: Callable, alg: Any, put: Callable[[Any], tuple]) -> tuple:
+    """How another process finds ``fn``: a method of its own copy of the algorithm by name,
+    a partial with its arguments shipped once (``put``), or the callable itself."""
+    if inspect.ismethod(fn) and fn.__self__ is alg:
+        name = fn.__func__.__name__
+        if getattr(getattr(alg, name, None), "__func__", None) is fn.__func__:
+            return ("method", name)
+    if isinstance(fn, functools.partial):
+        return ("partial", fn_spec(fn.func, alg, put), [put(a) for a in fn.args],
+                {k: put(v) for k, v in fn.keywords.items()})
+    return ("callable", fn)
+
+
+# --------------------------------------------------------------------------- a place
+
+
+class Place:
+    """Where a block of nodes lives (see the module docstring): a serial executor over
+    its nodes, its senders' codec states and the messages waiting for its nodes.
+
+    ``codec_home``: a network whose :attr:`~Network.codec_states` this place uses (the
+    driver's, for the one place of a serial run), else the place keeps its own."""
+
+    def __init__(self, ex: SerialExecutor, index: int = 0, num_places: int = 1,
+                 codec_home: Optional[Network] = None):
+        self.ex = ex
+        self.index, self.num_places = index, num_places
+        env = ex.env
+        self.num_nodes = env.num_nodes
+        self.nodes = [i for i, d in enumerate(env.node_data) if d is not None]
+        self.has_server = index == 0 and env.algorithm.has_server
+        self._local: list[Item] = []
+        self._network: Optional[tuple[CodecConfig, int, Optional[ValidationPolicy], Network]] = None
+        self._codec_home = codec_home
+        self._codec_states: dict[int, dict[str, Any]] = {}
+
+    # -- hooks of a transport (identity in-process) ------------------------------------------
+    def get(self, ref: Any) -> Any:
+        """The value of an argument shipped by reference (see :func:`fn_spec`)."""
+        return ref
+
+    def share(self, data: bytes, n: int) -> Any:
+        return data
+
+    def fetch(self, payload: Any) -> Optional[bytes]:
+        return payload
+
+    # -- codec states ------------------------------------------------------------------------
+    @property
+    def codec_states(self) -> dict[int, dict[str, Any]]:
+        return self._codec_home.codec_states if self._codec_home is not None else self._codec_states
+
+    @codec_states.setter
+    def codec_states(self, value: dict[int, dict[str, Any]]) -> None:
+        if self._codec_home is not None:
+            self._codec_home.codec_states = value
+        else:
+            self._codec_states = value
+
+    def get_codec_states(self) -> dict[str, Any]:
+        net = Network(CodecConfig(), Ledger(), 0)
+        net.codec_states = self.codec_states
+        return net.codec_state_dict()
+
+    def set_codec_states(self, sd: dict[str, Any]) -> None:
+        net = Network(CodecConfig(), Ledger(), 0)
+        net.load_codec_state_dict(sd)
+        self.codec_states = net.codec_states
+
+    def _net(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy]) -> Network:
+        if self._network is None or self._network[:3] != (codecs, seed, policy):
+            env = self.ex.env
+            # the place collects refusals; the driver applies the abort policy to them
+            validator = None if policy is None else Validator(dataclasses.replace(policy, on_invalid="reject"),
+                                                              ExpectedShapes(env.init_params, env.model_key))
+            # decoded messages go to the run's device (the serial place's network knows it)
+            device = self._codec_home.device if self._codec_home is not None else None
+            self._network = (codecs, seed, policy, Network(codecs, Ledger(), seed, validator=validator, device=device))
+        net = self._network[3]
+        net.codec_states = self.codec_states
+        return net
+
+    def fn(self, spec: Any) -> Callable:
+        """A step function from its :func:`fn_spec` (a callable is used as it is)."""
+        if not isinstance(spec, tuple):
+            return spec
+        kind = spec[0]
+        if kind == "method":
+            return getattr(self.ex.env.algorithm, spec[1])
+        if kind == "partial":
+            _, inner, args, kwargs = spec
+            return functools.partial(self.fn(inner), *[self._arg(a) for a in args],
+                                     **{k: self._arg(v) for k, v in kwargs.items()})
+        return spec[1]
+
+    def _arg(self, a: tuple) -> Any:
+        return self.get(a[1]) if a[0] == "ref" else a[1]
+
+    # -- states ------------------------------------------------------------------------------
+    def init_states(self, plan: RoundPlan) -> None:
+        ex, alg, seed = self.ex, self.ex.env.algorithm, self.ex.env.seed
+        for node in self.nodes:
+            torch.manual_seed(derive_seed(seed, "torch", "init", node))
+            ex.states[node] = alg.init_node(ex.context(node, 0, plan))
+        if self.has_server:
+            torch.manual_seed(derive_seed(seed, "torch", "init", SERVER))
+            ex.states[SERVER] = alg.init_server(ex.context(SERVER, 0, plan))
+
+    def get_states(self) -> dict[int, State]:
+        return dict(self.ex.states)
+
+    def set_states(self, states: dict[int, State]) -> None:
+        self.ex.states = dict(states)
+
+    # -- work --------------------------------------------------------------------------------
+    def step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
+             codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy], faults: RoundFaults,
+             late: Late, first: bool, last: bool, *incoming: Optional[list[Item]]) -> tuple:
+        """Deliver the previous step's messages, run ``actors``' step, encode their outboxes.
+        Returns ``((records, refusals, divergences), bundle for place 0, ..., for place W-1)``."""
+        if first:
+            self._local = []
+        net = self._net(codecs, seed, policy)
+        net.rejections = []
+        items = [*self._local, *(it for b in incoming if b for it in b)]
+        self._local = []
+        inboxes = deliver(net, round, items, faults, late, self.fetch)
+        before = len(self.ex.diverged)
+        outboxes = self.ex.run_step(Step(name, actors, self.fn(spec)), round, plan, inboxes)
+        del inboxes  # the decoded messages are not held while the outboxes are encoded (memory)
+        diverged = self.ex.diverged[before:]
+        del self.ex.diverged[before:]
+        records, self._local, bundles = send(
+            net, round, outboxes, here=self.index, num_places=self.num_places, last=last, share=self.share,
+            where=lambda d: place_of(d, self.num_nodes, self.num_places))
+        return ((records, net.rejections, diverged), *[b or None for b in bundles])
+
+    def run_step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
+                 inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
+        """The plain executor protocol (messages routed by the caller)."""
+        return self.ex.run_step(Step(name, actors, self.fn(spec)), round, plan, inboxes)
+
+    def map_nodes(self, spec: Any, nodes: list[int], round: int, plan: RoundPlan) -> dict[int, Any]:
+        return self.ex.map_nodes(self.fn(spec), nodes, round, plan)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class Backend(Protocol):
+    def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
+                    policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
+                    first: bool, last: bool) -> list[Summary]: ...
+
+
+class LocalPlace:
+    """The backend of a serial run: one place, in this process, over ``executor``'s
+    states (codec states in ``network``)."""
+
+    def __init__(self, executor: SerialExecutor, network: Network):
+        self.place = Place(executor, codec_home=network)
+
+    def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
+                    policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
+                    first: bool, last: bool) -> list[Summary]:
+        return [self.place.step(step.fn, round, plan, step.name, list(step.actors), codecs, seed, policy,
+                                faults, late, first, last)[0]]
+
+
+class RoundLoop:
+    """Plays a round's steps on a backend's places; counts, collects, times (see the
+    module docstring). ``network``: the run's codecs, seed, validation policy and ledger."""
+
+    def __init__(self, network: Network, backend: Backend):
+        self.network, self.backend = network, backend
+
+    def play(self, steps: Sequence[Step], round: int, plan: RoundPlan, faults: RoundFaults = NO_FAULTS,
+             clock: Any = None) -> list[tuple[int, int]]:
+        """Run ``steps``; append the ledger records, the receivers' refusals
+        (``network.rejections``); return the divergences ``(round, node)``."""
+        net = self.network
+        policy = net.validator.policy if net.validator is not None else None
+        late: Late = frozenset()
+        diverged: list[tuple[int, int]] = []
+        for k, step in enumerate(steps):
+            parts = self.backend.step_places(step, round, plan, net.codecs, net.seed, policy, faults, late,
+                                             k == 0, k == len(steps) - 1)
+            # refusals of the messages delivered at the start of step k (sent in step k-1)
+            refusals = sorted((x for part in parts for x in part[1]), key=lambda x: (x.src, x.dst, x.reason, x.kind))
+            if refusals and policy is not None and policy.on_invalid == "abort":
+                raise InvalidMessageError(refusals[0])
+            net.rejections.extend(refusals)
+            diverged.extend(sorted(d for part in parts for d in part[2]))
+            records = sorted((r for part in parts for r in part[0]), key=lambda r: (r[0], r[1]))
+            append_records(net.ledger, round, records)
+            late = late_links(clock, records) if clock is not None else frozenset()
+        return diverged
+
+
+# --------------------------------------------------------------------------- sharded backends
+
+
+class ShardedExecutor:
+    """The executor protocol over ``num_workers`` places in other processes (the pool's
+    workers, Ray's actors): node states stay where their nodes live. Subclasses give the
+    transport: ``_submit(j, method, *args)`` a call to place ``j``'s :class:`Place`,
+    ``_wait(handles)`` its results, ``_put(obj)`` a read-only argument shipped once."""
+
+    env: NodeEnv
+    num_workers: int
+
+    def __init__(self) -> None:
+        #: (round, node) of the steps whose local training diverged (see SerialExecutor)
+        self.diverged: list[tuple[int, int]] = []
+        self._bundles: Optional[list[list[Any]]] = None
+
+    # -- transport ---------------------------------------------------------------------------
+    def _submit(self, j: int, method: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _wait(self, handles: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _put(self, obj: Any) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    def _plan(self, plan: RoundPlan) -> Any:
+        """``plan`` as a place-call argument (shipped once per plan)."""
+        return plan
+
+    # -- setup -------------------------------------------------------------------------------
+    def shard_env(self, j: int) -> NodeEnv:
+        """Place ``j``'s view of the environment: its nodes' data only (and the server's in place 0)."""
+        n, w = self.env.num_nodes, self.num_workers
+        data = [d if place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
+        server = self.env.server_data if j == 0 else ServerData(torch.empty(0), torch.empty(0, dtype=torch.long))
+        return dataclasses.replace(self.env, node_data=data, server_data=server)
+
+    def shard(self, node: int) -> int:
+        return place_of(node, self.env.num_nodes, self.num_workers)
+
+    def _split(self, nodes: Iterable[int]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.num_workers)]
+        for node in nodes:
+            out[self.shard(int(node))].append(int(node))
+        return out
+
+    def _spec(self, fn: Callable) -> tuple:
+        return fn_spec(fn, self.env.algorithm, self._put)
+
+    def _all(self, method: str, args: Sequence[Sequence[Any]]) -> list[Any]:
+        return self._wait([self._submit(j, method, *a) for j, a in enumerate(args)])
+
+    # -- the round (see RoundLoop) ------------------------------------------------------------
+    def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
+                    policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
+                    first: bool, last: bool) -> list[Summary]:
+        w = self.num_workers
+        spec, plan_a = self._spec(step.fn), self._plan(plan)
+        actors = self._split(step.actors)
+        prev = self._bundles if not first and self._bundles is not None else [[None] * w for _ in range(w)]
+        outs = self._all("step", [(spec, round, plan_a, step.name, actors[j], codecs, seed, policy, faults, late,
+                                   first, last, *[prev[i][j] for i in range(w) if i != j]) for j in range(w)])
+        self._bundles = None if last else [list(o[1:]) for o in outs]
+        return [o[0] for o in outs]
+
+    # -- the executor protocol ------------------------------------------------------------------
+    def init_states(self, plan: RoundPlan) -> None:
+        self._all("init_states", [(self._plan(plan),)] * self.num_workers)
+
+    def run_step(self, step: Step, round: int, plan: RoundPlan,
+                 inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
+        """One step with the caller routing the messages (the plain protocol)."""
+        spec, plan_a = self._spec(step.fn), self._plan(plan)
+        handles = [self._submit(j, "run_step", spec, round, plan_a, step.name, part,
+                                {n: inboxes[n] for n in part if n in inboxes})
+                   for j, part in enumerate(self._split(step.actors)) if part]
+        out: dict[int, Outbox] = {}
+        for part in self._wait(handles):
+            out.update(part)
+        return {int(n): out[int(n)] for n in step.actors}
+
+    def map_nodes(self, fn: Callable[[NodeContext, State], Any], nodes: Iterable[int],
+                  round: int, plan: RoundPlan) -> dict[int, Any]:
+        nodes = [int(n) for n in nodes]
+        spec, plan_a = self._spec(fn), self._plan(plan)
+        handles = [self._submit(j, "map_nodes", spec, part, round, plan_a)
+                   for j, part in enumerate(self._split(nodes)) if part]
+        res: dict[int, Any] = {}
+        for part in self._wait(handles):
+            res.update(part)
+        return {n: res[n] for n in nodes}
+
+    # -- states and checkpoints ----------------------------------------------------------------
+    @property
+    def states(self) -> dict[int, State]:
+        """A snapshot of every node's state, gathered from the places (serial order:
+        nodes 0..n-1, then the server)."""
+        merged: dict[int, State] = {}
+        for part in self._all("get_states", [()] * self.num_workers):
+            merged.update(part)
+        order = [n for n in range(self.env.num_nodes) if n in merged] + ([SERVER] if SERVER in merged else [])
+        return {n: merged[n] for n in order}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(k): v for k, v in self.states.items()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        parts: list[dict[int, State]] = [{} for _ in range(self.num_workers)]
+        for k, v in sd.items():
+            parts[self.shard(int(k))][int(k)] = v
+        self._all("set_states", [(p,) for p in parts])
+
+    def codec_state_dict(self) -> dict[str, Any]:
+        """The senders' codec states, gathered from the places where they encode."""
+        merged: dict[str, Any] = {}
+        for part in self._all("get_codec_states", [()] * self.num_workers):
+            merged.update(part)
+        return {k: merged[k] for k in sorted(merged, key=int)}
+
+    def load_codec_state_dict(self, sd: dict[str, Any]) -> None:
+        """Scatter checkpointed codec states to the places of their senders."""
+        parts: list[dict[str, Any]] = [{} for _ in range(self.num_workers)]
+        for k, v in sd.items():
+            parts[self.shard(int(k))][k] = v
+        self._all("set_codec_states", [(p,) for p in parts])
+
+
+class PutCache:
+    """An LRU of arguments keyed by identity that holds the objects (so an id cannot be
+    reused while cached): an object passed again is not shipped again, so pass a new
+    object for a new value."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._items: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+
+    def get(self, obj: Any) -> Any:
+        hit = self._items.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            self._items.move_to_end(id(obj))
+            return hit[1]
+        return None
+
+    def add(self, obj: Any, handle: Any) -> list[Any]:
+        """Remember ``handle`` for ``obj``; returns the handles evicted."""
+        self._items[id(obj)] = (obj, handle)
+        gone = []
+        while len(self._items) > self.size:
+            gone.append(self._items.popitem(last=False)[1][1])
+        return gone
