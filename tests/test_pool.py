@@ -169,3 +169,31 @@ def test_workers_key_is_validated() -> None:
     for bad in (0, -1, "many", 1.5, True):
         with pytest.raises(ConfigError, match="engine.workers"):
             validate({"engine": {"workers": bad}})
+
+
+@pytest.mark.parametrize("algorithm,pooled", [("fedavg", True), ("spark", False)])
+def test_auto_stays_serial_where_workers_were_measured_slower(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, pooled: bool) -> None:
+    """SPARK sets ``auto_workers = False`` (its pool round was 1.35x slower than serial):
+    with two cores and a federation big enough, "auto" starts the pool for FedAvg only;
+    an explicit ``workers = 2`` still starts it for SPARK."""
+    monkeypatch.setattr("lowband.engine.pool.usable_cores", lambda: 2)
+    monkeypatch.setattr("lowband.engine.pool.AUTO_MIN_WORK", 0)
+    def cfg(path: Path) -> dict:
+        if algorithm == "spark":
+            from test_ntk import _cfg as ntk_config
+            return ntk_config(path, algorithm, 1)
+        return digits_config(path, algorithm, rounds=1)
+
+    sim = Simulation(validate(cfg(tmp_path / "auto")))
+    try:
+        assert isinstance(sim.executor, PoolExecutor) is pooled
+    finally:
+        getattr(sim.executor, "close", lambda: None)()
+    raw = cfg(tmp_path / "two")
+    raw["engine"] = {"workers": 2}
+    sim = Simulation(validate(raw))
+    try:
+        assert isinstance(sim.executor, PoolExecutor)
+    finally:
+        getattr(sim.executor, "close", lambda: None)()

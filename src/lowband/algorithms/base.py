@@ -151,6 +151,11 @@ class Algorithm(ABC):
     #: topology settings (``[topology]`` keys) used where the config leaves them unset;
     #: None: the family's default kind with the config's defaults
     default_topology: ClassVar[Optional[Mapping[str, Any]]] = None
+    #: False where ``[engine] workers = "auto"`` must stay serial because worker processes
+    #: were measured slower than one process (SPARK: its projected Jacobians, ~1.2 GB per
+    #: 30-node round, cross the workers' pipes; benchmarks/README.md). An explicit
+    #: ``workers = N`` still starts the pool.
+    auto_workers: ClassVar[bool] = True
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp

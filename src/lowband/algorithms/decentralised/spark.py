@@ -63,3 +63,6 @@ class Spark(KernelDFL):
     name = "spark"
     paper = "Xia, SPARK: Stage-wise Projected NTK and Accelerated Regularization (2025)"
     Hyperparams = SparkHP
+    #: two worker processes were measured 1.35x slower per round than one process with two
+    #: threads (benchmarks/suite.py, 300-node proxy: 144.9 s vs 107.4 s), so "auto" stays serial
+    auto_workers = False
