@@ -298,3 +298,29 @@ def test_the_fmnist_frontier_grid_smoke_on_digits(tmp_path: Path) -> None:
     # (FedAdam and FedYogi differ only in how v grows, which 2 rounds barely show)
     assert final[("fedavg", "fp32")] != final[("fedavg(server_opt=adam)", "fp32")]
     assert final[("fedavg", "fp32")] != final[("fedavg(server_opt=yogi)", "fp32")]
+
+
+def test_retime_a_frontier_with_seeds_averages_its_seeds(tmp_path: Path, capsys) -> None:
+    """`lowband retime` on a `--seeds` frontier: every seed folder is re-timed; under the
+    frontier's own link a cell's time is the mean of its seeds' time/sim_s, which is
+    frontier.csv's sim_time_s."""
+    import json
+    import statistics
+
+    cfg = base_cfg(tmp_path)
+    out = tmp_path / "f"
+    rc, _, err = cli(capsys, "frontier", cfg, "rounds=1", "--methods", "fedavg", "--codecs", "fp32,qsgd(2)",
+                     "--link", "lte", "--seeds", "0,1", "--out", out, "--workers", "1", "--quiet")
+    assert rc == 0, err
+    rc, _, err = cli(capsys, "retime", out, "--links", "lte,lorawan_sf12")
+    assert rc == 0, err
+    rows = list(csv.DictReader(io.StringIO((out / "retime.csv").read_text())))
+    front = list(csv.DictReader(io.StringIO((out / "frontier.csv").read_text())))
+    assert [(r["method"], r["codec"]) for r in rows] == [("fedavg", "fp32"), ("fedavg", "qsgd(2)")]
+    for r, f in zip(rows, front):
+        seeds = [json.loads((out / f["dir"] / f"seed-{s}" / "summary.json").read_text()) for s in (0, 1)]
+        assert float(r["lte_s"]) == pytest.approx(statistics.mean(s["sim_time_s"] for s in seeds), rel=1e-12)
+        assert float(r["lte_s"]) == pytest.approx(float(f["sim_time_s"]), rel=1e-12)
+        assert float(r["bytes_total"]) == pytest.approx(float(f["bytes_total"]), rel=1e-12)
+        assert float(r["lorawan_sf12_s"]) > 1000 * float(r["lte_s"])
+    assert [r["rank_lorawan_sf12"] for r in rows] == ["2", "1"]

@@ -188,6 +188,9 @@ class Result:
     From :func:`run` (in memory or written) or :func:`load_run` (a run folder).
     """
 
+    #: the folder layout read (see :data:`lowband.report.LAYOUTS`); a Result is always one run
+    layout = "run"
+
     def __init__(self, config: Experiment, summary: dict[str, Any], records: list[dict[str, Any]],
                  ledger_columns: Optional[dict[str, Any]], *, run_dir: Optional[Path] = None,
                  states: Optional[dict[int, Any]] = None, timing: Optional[list[dict[str, Any]]] = None,
@@ -342,15 +345,25 @@ def _plot(runs_records: Sequence[list[dict[str, Any]]], x: str, y: str, *, ax: A
 
 class SeedResults:
     """Several seeds of one experiment: each seed's :class:`Result`, plus mean, std and
-    95% confidence intervals (Student t) per round and of the summary."""
+    95% confidence intervals (Student t) per round and of the summary.
 
-    def __init__(self, runs: list[Result], run_dir: Path, aggregate: dict[str, Any]):
+    ``layout`` says which folder layout was read: ``"seeds"`` (every seed in
+    ``run_dir/seed-<s>/``, as :func:`run_seeds` and ``lowband run --seeds`` write) or
+    ``"run+seeds"`` (the config's own seed in ``run_dir`` itself and seed ``s`` in
+    ``run_dir/seed-<s>/``, as ``lowband reproduce`` writes); ``left_out`` lists the folders
+    not read (unfinished, or a seed already found) with the reason."""
+
+    def __init__(self, runs: list[Result], run_dir: Path, aggregate: dict[str, Any], layout: str = "seeds",
+                 left_out: Sequence[tuple[Path, str]] = ()):
         self.runs = runs
         self.run_dir = Path(run_dir)
         self._agg = aggregate
+        self.layout = layout
+        self.left_out = list(left_out)
 
     def __repr__(self) -> str:
-        return f"SeedResults({self.config.name!r}, seeds={self.seeds}, run_dir={str(self.run_dir)!r})"
+        return (f"SeedResults({self.config.name!r}, seeds={self.seeds}, layout={self.layout!r}, "
+                f"run_dir={str(self.run_dir)!r})")
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -564,20 +577,30 @@ def frontier(exp: Any = None, /, methods: str | Sequence[str] = "fedavg", codecs
 
 
 def load_run(path: str | Path) -> Result | SeedResults | SweepResult:
-    """Read a finished run folder (a :class:`Result`), a seeds folder
-    (:class:`SeedResults`) or a sweep folder (:class:`SweepResult`)."""
+    """Read a finished run folder (a :class:`Result`), a seeds folder (:class:`SeedResults`)
+    or a sweep folder (:class:`SweepResult`).
+
+    Seeds come in two layouts (:func:`lowband.report.find_runs`), both read as a
+    :class:`SeedResults` whose ``layout`` says which: every seed in ``path/seed-<s>/``
+    (``"seeds"``, from :func:`run_seeds` or ``lowband run --seeds``), or a run in ``path``
+    plus ``path/seed-<s>/`` beside it (``"run+seeds"``, from ``lowband reproduce``). A run
+    folder without finished seed folders is a :class:`Result`, as before."""
     _ensure_plugins()
-    from lowband.batch import seed_runs
-    from lowband.report import ReportError
+    from lowband.report import ReportError, find_runs
 
     p = Path(path)
-    if (p / "summary.json").exists():
-        return _load_one(p)
-    if (p / "sweep.json").exists():
+    if (p / "sweep.json").exists() and not (p / "summary.json").exists():
         return _load_sweep(p)
-    if seed_runs(p, finished=True):
-        return _load_seeds(p)
-    raise ReportError(f"{p}: no summary.json, seed-*/ runs or sweep.json (not a finished lowband run folder)")
+    try:
+        folders = find_runs(p)
+    except ReportError as exc:
+        if (p / "summary.json").exists():
+            raise
+        raise ReportError(f"{p}: no summary.json, finished seed-*/ runs or sweep.json (not a finished lowband run "
+                          f"folder)" + (f"; {exc}" if "unfinished" in str(exc) else "")) from None
+    if folders.layout == "run":
+        return _load_one(folders.dirs[0])
+    return _load_seeds(p, folders)
 
 
 def _load_one(p: Path) -> Result:
@@ -597,15 +620,21 @@ def _load_one(p: Path) -> Result:
                   timing=RunLog.read_jsonl(p / "timing.jsonl"))
 
 
-def _load_seeds(base: Path) -> SeedResults:
-    from lowband.batch import AGGREGATE_JSON, aggregate_dirs, seed_runs
+def _load_seeds(base: Path, folders: Any = None) -> SeedResults:
+    """A seeds folder in either layout (``folders``: its :class:`~lowband.report.RunFolders`,
+    found here if not given). The aggregate is ``aggregate.json`` when it covers exactly
+    these runs, else computed from them (e.g. the ``lowband reproduce`` layout, which
+    writes none)."""
+    from lowband.batch import AGGREGATE_JSON, aggregate_dirs
+    from lowband.report import find_runs
 
-    dirs = seed_runs(base, finished=True)
+    folders = folders or find_runs(base)
+    dirs = folders.dirs
     agg_path = base / AGGREGATE_JSON
     agg = json.loads(agg_path.read_text()) if agg_path.exists() else aggregate_dirs(dirs)
     if [str(Path(d)) for d in agg.get("runs", [])] != [str(d) for d in dirs]:
         agg = aggregate_dirs(dirs)  # seeds added or moved since the aggregate was written
-    return SeedResults([_load_one(d) for d in dirs], base, agg)
+    return SeedResults([_load_one(d) for d in dirs], base, agg, layout=folders.layout, left_out=folders.left_out)
 
 
 def _load_sweep(out: Path) -> SweepResult:

@@ -7,8 +7,11 @@ crossed the link; ``declared``: bytes counted but never built, design rule 2). I
 ``bytes`` column summed per direction equals the summary's ``bytes_up/down/peer``.
 
 ``lowband export RUN --format csv|parquet`` writes ``metrics`` and ``ledger`` (and
-``timing``) tables of a finished run folder, or of a seeds folder (all seeds, with a
-``seed`` column). CSV needs nothing beyond the core dependencies; Parquet needs pyarrow
+``timing``) tables of a finished run folder, or of a seeds folder in either layout
+(:func:`lowband.report.find_runs`: every seed in ``RUN/seed-<s>/``, or a run in ``RUN``
+plus ``RUN/seed-<s>/`` beside it): all seeds, with a ``seed`` column, plus ``aggregate``
+(one row per round: mean, std and 95% CI of every metric over the seeds, as
+``aggregate.csv`` of ``lowband run --seeds``). CSV needs nothing beyond the core dependencies; Parquet needs pyarrow
 (``pip install 'lowband[analysis]'``). pandas is needed only for DataFrames
 (:func:`require_pandas`).
 """
@@ -195,10 +198,46 @@ def _with_seed(rows: Iterable[dict[str, Any]], seed: Any) -> list[dict[str, Any]
     return [{"seed": seed, **r} for r in rows]
 
 
+def export_folders(run: str | Path) -> Optional[Any]:
+    """What :func:`export_run` reads from ``run``: None for a single run folder (its
+    tables as they are, no ``seed`` column; also a run still going), else the
+    :class:`~lowband.report.RunFolders` of a seeds folder in either layout."""
+    from lowband.batch import seed_runs
+    from lowband.report import ReportError, find_runs
+
+    root = Path(run)
+    if (root / "metrics.jsonl").exists() and not seed_runs(root, finished=True):
+        return None
+    try:
+        folders = find_runs(root)
+    except ReportError as exc:
+        if "unfinished" in str(exc):
+            raise ExportError(str(exc)) from None
+        raise ExportError(f"{root}: no metrics.jsonl and no finished seed-*/ folders (not a lowband run folder)"
+                          ) from None
+    return None if folders.layout == "run" else folders
+
+
+def aggregate_rows(dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """One row per round over the runs in ``dirs``: ``round, n``, then
+    ``<metric>.mean/.std/.ci_low/.ci_high`` (as ``aggregate.csv`` of ``lowband run --seeds``)."""
+    from lowband.batch import aggregate_dirs
+
+    rows = []
+    for row in aggregate_dirs(dirs)["rounds"]:
+        rec: dict[str, Any] = {"round": row["round"], "n": row["n"]}
+        for k in row["mean"]:
+            for part in ("mean", "std", "ci_low", "ci_high"):
+                rec[f"{k}.{part}"] = row[part][k]
+        rows.append(rec)
+    return rows
+
+
 def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = None) -> list[Path]:
     """Write metrics, ledger and timing tables of a finished run (or seeds) folder into
-    ``out`` (default ``RUN/export``); returns the paths written."""
-    from lowband.batch import seed_runs
+    ``out`` (default ``RUN/export``); returns the paths written. A seeds folder (either
+    layout, :func:`export_folders`) gives every seed's rows with a ``seed`` column (the
+    seed of each run's summary) and an ``aggregate`` table over the seeds."""
     from lowband.engine.runlog import RunLog
 
     if fmt not in FORMATS:
@@ -206,12 +245,11 @@ def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = No
     if fmt == "parquet":
         require_pyarrow()
     root = Path(run)
-    if (root / "metrics.jsonl").exists():
-        runs = [(None, root)]
+    folders = export_folders(root)
+    if folders is None:
+        runs: list[tuple[Optional[int], Path]] = [(None, root)]
     else:
-        runs = [(int(p.name.split("-", 1)[1]), p) for p in seed_runs(root)]
-        if not runs:
-            raise ExportError(f"{root}: no metrics.jsonl and no seed-*/ folders (not a lowband run folder)")
+        runs = list(zip(folders.seeds, folders.dirs))
     metrics: list[dict[str, Any]] = []
     timing: list[dict[str, Any]] = []
     ledgers: list[dict[str, np.ndarray]] = []
@@ -235,15 +273,20 @@ def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = No
         paths.append(_write_table(cols, dest / f"ledger.{fmt}", fmt))
     if timing:
         paths.append(_write_table(timing, dest / f"timing.{fmt}", fmt))
+    if folders is not None:
+        paths.append(_write_table(aggregate_rows(folders.dirs), dest / f"aggregate.{fmt}", fmt))
     return paths
 
 
 def cmd_export(args: Any) -> int:
-    """``lowband export RUN [--format csv|parquet] [--out DIR]``."""
+    """``lowband export RUN [--format csv|parquet] [--out DIR]``: says which layout it read."""
+    folders = export_folders(args.run)
     paths = export_run(args.run, args.format, args.out)
+    if folders is not None:
+        print("read " + folders.describe())
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
-__all__ = ["ExportError", "LEDGER_COLUMNS", "LEDGER_FILE", "export_run", "ledger_columns", "read_ledger",
+__all__ = ["ExportError", "LEDGER_COLUMNS", "LEDGER_FILE", "aggregate_rows", "export_folders", "export_run", "ledger_columns", "read_ledger",
            "require_pandas", "run_ledger", "write_ledger"]

@@ -34,26 +34,96 @@ class RunRecord:
         return f"{name} ({len(self.seeds)} seeds)" if self.seeds else name
 
 
-def load_run(path: str | Path) -> RunRecord:
-    """A finished run folder, or a seeds folder: its finished ``seed-*/`` runs, plus the
-    folder's own run when it has one (the layout ``lowband reproduce`` uses: the config's
-    seed in ``R``, seed ``s`` in ``R/seed-<s>/``). A seed found twice counts once."""
+#: the folder layouts :func:`find_runs` reads, and how they are described
+LAYOUTS = {
+    "run": "a run folder",
+    "seeds": "a seeds folder (every seed in seed-<s>/, as `lowband run --seeds` writes)",
+    "run+seeds": "a run folder with seed folders beside its run (the config's seed in the folder itself, "
+                 "seed s in seed-<s>/, as `lowband reproduce` writes)",
+}
+
+
+@dataclass
+class RunFolders:
+    """The finished runs a folder holds (:func:`find_runs`): which layout, which folders."""
+
+    path: Path
+    #: one of :data:`LAYOUTS`: ``"run"``, ``"seeds"`` or ``"run+seeds"``
+    layout: str
+    #: the finished run folders, sorted by seed (a seed found twice counts once)
+    dirs: list[Path]
+    #: each folder's seed (from its summary.json)
+    seeds: list[Optional[int]]
+    #: (folder, why) of the folders that were not read: unfinished, or a seed already found
+    left_out: list[tuple[Path, str]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line: the layout, the seeds read and any folder left out."""
+        seeds = ", ".join("?" if s is None else str(s) for s in self.seeds)
+        text = f"{self.path}: {LAYOUTS[self.layout]}; {len(self.dirs)} run{'s' if len(self.dirs) != 1 else ''}"
+        text += f" (seed {seeds})" if len(self.dirs) == 1 else f" (seeds {seeds})"
+        if self.left_out:
+            text += "; left out: " + "; ".join(f"{d} ({why})" for d, why in self.left_out)
+        return text
+
+
+def _summary_seed(d: Path) -> Optional[int]:
+    try:
+        seed = json.loads((d / "summary.json").read_text()).get("seed")
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{d / 'summary.json'}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return None if seed is None else int(seed)
+
+
+def find_runs(path: str | Path) -> RunFolders:
+    """The finished runs of ``path``, in either seeds layout, for every reader of run folders
+    (:func:`load_run`, ``lowband.load_run``, ``lowband export``):
+
+    - ``"run"``: ``path`` holds a finished run (summary.json) and no finished ``seed-<s>/``;
+    - ``"seeds"``: finished ``seed-<s>/`` folders and no finished run in ``path`` itself
+      (``lowband run CONFIG --seeds``);
+    - ``"run+seeds"``: both (``lowband reproduce``: the config's own seed in ``path``, seed
+      ``s`` in ``path/seed-<s>/``).
+
+    A seed found twice counts once (the folder's own run first); unfinished runs are left
+    out (listed in ``left_out``). Raises ReportError when there is no finished run."""
     from lowband.batch import seed_runs
 
     p = Path(path)
-    log = RunLog(p)
-    runs = [_load_single(p)] if log.summary_path.exists() else []
-    seen = {r.summary.get("seed") for r in runs}
-    for d in seed_runs(p, finished=True):
-        r = _load_single(d)
-        if r.summary.get("seed") not in seen or r.summary.get("seed") is None:
-            seen.add(r.summary.get("seed"))
-            runs.append(r)
+    own = (p / "summary.json").exists()
+    found: list[tuple[Optional[int], Path]] = [(_summary_seed(p), p)] if own else []
+    left_out: list[tuple[Path, str]] = []
+    for d in seed_runs(p):
+        if not (d / "summary.json").exists():
+            left_out.append((d, "unfinished: no summary.json"))
+            continue
+        s = _summary_seed(d)
+        first = next((f for seed, f in found if seed is not None and seed == s), None)
+        if first is not None:
+            left_out.append((d, f"repeats seed {s} of {first}"))
+            continue
+        found.append((s, d))
+    if not found:
+        unfinished = f" and its {len(left_out)} seed-*/ runs are unfinished" if left_out else ""
+        raise ReportError(f"{p}: no summary.json{unfinished} (not a finished lowband run folder); run it with "
+                          f"`lowband run` first")
+    if not own and (p / "config.toml").exists():
+        left_out.insert(0, (p, "unfinished: no summary.json"))
+    layout = "run" if own and len(found) == 1 else "run+seeds" if own else "seeds"
+    found.sort(key=lambda sf: (sf[0] is None, sf[0] if sf[0] is not None else 0))
+    return RunFolders(p, layout, [d for _, d in found], [s for s, _ in found], left_out)
+
+
+def load_run(path: str | Path) -> RunRecord:
+    """A finished run folder, or a seeds folder in either layout (:func:`find_runs`): its
+    finished ``seed-*/`` runs, plus the folder's own run when it has one (the layout
+    ``lowband reproduce`` uses: the config's seed in ``R``, seed ``s`` in ``R/seed-<s>/``).
+    A seed found twice counts once."""
+    folders = find_runs(path)
+    runs = [_load_single(d) for d in folders.dirs]
     if len(runs) == 1:
         return runs[0]
-    if runs:
-        return RunRecord(p, runs[0].summary, runs[0].metrics, seeds=runs)
-    raise ReportError(f"{p}: no summary.json (not a finished lowband run folder); run it with `lowband run` first")
+    return RunRecord(folders.path, runs[0].summary, runs[0].metrics, seeds=runs)
 
 
 def _load_single(p: Path) -> RunRecord:

@@ -430,7 +430,9 @@ def retime_run(run_dir: str | Path, presets: Sequence[str], data_dir: Optional[s
     federation is built for the sample counts, nothing is trained). Returns, per preset, one
     ``{"round", "time/round_s", "time/sim_s"[, "energy/round_j", "energy/j"]}`` per round.
 
-    A run with ``links.deadline_s`` is refused: its ledger depends on its own link."""
+    A run with ``links.deadline_s`` is refused: its ledger depends on its own link. One run
+    folder: a seeds folder's runs are ``lowband.report.find_runs(path).dirs``, each re-timed
+    on its own (as :func:`retime_frontier` does)."""
     import tempfile
 
     import tomllib
@@ -480,16 +482,57 @@ def _rank(values: Sequence[Optional[float]]) -> list[Optional[int]]:
     return [None if v is None else got.index(v) + 1 for v in values]
 
 
+def _cell_runs(d: Path) -> list[Path]:
+    """A frontier cell's finished runs: the cell folder, or its ``seed-<s>/`` folders (``--seeds``)."""
+    from lowband.report import ReportError, find_runs
+
+    try:
+        return find_runs(d).dirs
+    except ReportError as exc:
+        raise ConfigError(f"retime: {exc}") from None
+
+
+def _retime_one(d: Path, presets: Sequence[str], data_dir: Optional[str]) -> dict[str, Any]:
+    """One run's numbers for the re-timed table: bytes (and to target) and, per preset, the
+    simulated time (and to target, and energy)."""
+    from lowband.engine.runlog import RunLog
+
+    summary = json.loads((d / "summary.json").read_text())
+    hit = summary.get("rounds_to_target")
+    metrics = RunLog.read_jsonl(d / "metrics.jsonl")
+    last = max(metrics, key=lambda m: int(m["round"]))
+    row: dict[str, Any] = {"bytes_up": float(last.get("bytes/up", 0)),
+                           "bytes_total": float(last.get("bytes/total", 0)) + float(last.get("declared/total", 0)),
+                           "bytes_to_target": summary.get("bytes_to_target")}
+    for name, recs in retime_run(d, presets, data_dir).items():
+        row[f"{name}_s"] = recs[-1]["time/sim_s"]
+        row[f"{name}_to_target_s"] = recs[hit - 1]["time/sim_s"] if hit else None
+        if "energy/j" in recs[-1]:
+            row[f"{name}_j"] = recs[-1]["energy/j"]
+    return row
+
+
+def _seed_mean(values: Sequence[Any]) -> Any:
+    """The value of a one-seed cell as it is; over seeds the mean of those that have one
+    (``*_to_target``: the seeds that reached the target, as frontier.csv), None if none has."""
+    got = [v for v in values if v is not None]
+    if len(values) == 1 or not got:
+        return values[0] if len(values) == 1 else None
+    return math.fsum(float(v) for v in got) / len(got)
+
+
 def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: Optional[str] = None
                     ) -> list[dict[str, Any]]:
     """Re-time every finished cell of a frontier folder (``frontier.csv``) under each preset
     (:func:`retime_run`) and write ``retime.csv`` and ``retime.md`` there: per cell the final
     metric, total bytes and bytes-to-target with their rank, then per preset the simulated
     time, time-to-target, their ranks and the Pareto marks; the Markdown lists where the
-    ranking by time differs from the ranking by bytes."""
+    ranking by time differs from the ranking by bytes. A frontier run with ``--seeds`` is
+    re-timed seed by seed; its numbers are the means over the seeds (to target: over the
+    seeds that reached it)."""
     import csv
 
-    from lowband.engine.runlog import RunLog, atomic_write_text
+    from lowband.engine.runlog import atomic_write_text
     from lowband.export import records_csv_text
 
     out = Path(frontier_dir)
@@ -501,22 +544,10 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
         raise ConfigError(f"retime: {out}/frontier.csv lists no finished cell")
     rows: list[dict[str, Any]] = []
     for c in cells:
-        d = out / c["dir"]
-        if c.get("seeds"):
-            raise ConfigError("retime: a frontier with --seeds is not supported yet; re-time its seed folders one by one")
-        summary = json.loads((d / "summary.json").read_text())
-        hit = summary.get("rounds_to_target")
-        metrics = RunLog.read_jsonl(d / "metrics.jsonl")
-        last = max(metrics, key=lambda m: int(m["round"]))
-        row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "final": float(c["final"]),
-                               "bytes_up": float(last.get("bytes/up", 0)),
-                               "bytes_total": float(last.get("bytes/total", 0)) + float(last.get("declared/total", 0)),
-                               "bytes_to_target": summary.get("bytes_to_target")}
-        for name, recs in retime_run(d, presets, data_dir).items():
-            row[f"{name}_s"] = recs[-1]["time/sim_s"]
-            row[f"{name}_to_target_s"] = recs[hit - 1]["time/sim_s"] if hit else None
-            if "energy/j" in recs[-1]:
-                row[f"{name}_j"] = recs[-1]["energy/j"]
+        per_seed = [_retime_one(d, presets, data_dir) for d in _cell_runs(out / c["dir"])]
+        row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "final": float(c["final"])}
+        for key in per_seed[0]:
+            row[key] = _seed_mean([r.get(key) for r in per_seed])
         rows.append(row)
     cols = ["method", "codec", "final", "bytes_up", "bytes_total", "rank_bytes", "pareto_bytes", "bytes_to_target",
             "rank_bytes_to_target"]
