@@ -403,3 +403,31 @@ def test_every_algorithm_survives_a_nan_node_with_dropout_and_stragglers(tmp_pat
         params = state.get("params") if isinstance(state, dict) else None
         if node != 0 and isinstance(params, dict):
             assert _finite(params), (algorithm, node)
+
+
+def test_consensus_leaves_out_a_poisoned_node_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    """One DFedAvg node with lr 1e6 (finite weights of norm ~1e23): its messages are
+    refused by the norm screen and the other nodes learn, but an average over ALL nodes'
+    weights scored 10% (chance) while they did. The consensus now leaves it out, counts it
+    in consensus/excluded and lands near the nodes' own accuracy."""
+    _huge_lr_for(monkeypatch, decentralized, 0)
+    c = digits_config(tmp_path / "d", "dfedavg", rounds=3)
+    c["eval"] = {"protocols": ["consensus", "node_global"]}
+    with pytest.warns(UserWarning, match="consensus leaves out node"):
+        recs = _metrics(_run(c))
+    assert [r.get("consensus/excluded", 0) for r in recs] == [0, 1, 1, 1]
+    assert recs[-1]["consensus/acc"] > 0.3 and recs[-1]["node_global/acc"] > 0.3
+    c = digits_config(tmp_path / "off", "dfedavg", rounds=1)  # the screen off: nothing to leave it out by
+    c.update(eval={"protocols": ["consensus"]}, comm={"norm_factor": 0})
+    assert "consensus/excluded" not in _metrics(_run(c))[-1]
+
+
+def test_consensus_members_rule() -> None:
+    from lowband.engine.evaluation import consensus_members
+
+    ok = {n: {"w": torch.full((4,), 1.0 + n)} for n in range(5)}
+    assert consensus_members(ok, 100.0) == [0, 1, 2, 3, 4]
+    bad = {**ok, 5: {"w": torch.full((4,), float("nan"))}, 6: {"w": torch.full((4,), float("inf"))},
+           7: {"w": torch.full((4,), 1e6)}}
+    assert consensus_members(bad, 100.0) == [0, 1, 2, 3, 4]
+    assert consensus_members(bad, None) == [0, 1, 2, 3, 4, 7]  # non-finite always out, the norm rule off

@@ -13,7 +13,12 @@
 - ``node_global``: each node's model on the global test set, mean over nodes
   (NTK-DFL's "average client accuracy").
 - ``consensus``: the uniform average of all nodes' weights on the global test set
-  (NTK-DFL's "aggregated model").
+  (NTK-DFL's "aggregated model"). A node whose weights are non-finite, or whose weight
+  norm exceeds ``norm_factor`` (``comm.norm_factor``, the receivers' screen) times the
+  median node's, is left out of the average and counted in ``consensus/excluded``
+  (written only when some are, with a warning): one diverged node would otherwise turn
+  the average, the decentralised papers' headline number, into noise while the others
+  learn (tests/test_validation.py).
 
 Evaluation is measurement: it runs through the executor on each node's own data, is
 never fed back to training, and never appears in the ledger.
@@ -29,6 +34,7 @@ per client: the same logits as one forward per client, so the same metrics.
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 from typing import Any, Optional, Sequence
 
@@ -36,6 +42,7 @@ import numpy as np
 import torch
 
 from lowband.algorithms.base import SERVER, Algorithm, NodeContext, State
+from lowband.engine.checks import LowbandWarning
 from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
@@ -79,8 +86,12 @@ class Evaluator:
 
     def __init__(self, protocols: Sequence[str], algorithm: Algorithm, executor: Executor,
                  num_nodes: int, test_x: torch.Tensor, test_y: torch.Tensor, batch_size: int = 500,
-                 topology: Optional[Topology] = None, sample: Optional[int] = None, seed: int = 0):
+                 topology: Optional[Topology] = None, sample: Optional[int] = None, seed: int = 0,
+                 norm_factor: Optional[float] = None):
         self.protocols = list(protocols)
+        #: consensus leaves out nodes whose weight norm exceeds this x the median node's (None: off)
+        self.norm_factor = norm_factor
+        self._warned_excluded = False
         #: the nodes ``personal`` and ``node_global`` score: all, or ``sample`` of them drawn
         #: once from (seed, "eval", "nodes"), the same every round (design rule 4)
         self.nodes = sample_nodes(num_nodes, sample, seed)
@@ -168,12 +179,44 @@ class Evaluator:
         if "consensus" in self.protocols:  # the average of ALL nodes' weights, whatever eval.nodes says
             everyone = range(self.num_nodes)
             params = self.ex.map_nodes(partial(_node_params, alg=alg), everyone, round, plan)
-            plist = [params[n] for n in everyone if params[n] is not None]
-            if plist:
-                avg = weighted_average(plist)
+            have = [n for n in everyone if params[n] is not None]
+            keep = consensus_members({n: params[n] for n in have}, self.norm_factor)
+            if len(keep) < len(have):
+                out["consensus/excluded"] = len(have) - len(keep)
+                if not self._warned_excluded:
+                    self._warned_excluded = True
+                    warnings.warn(f"round {round}: consensus leaves out node(s) "
+                                  f"{sorted(set(have) - set(keep))[:10]} (non-finite weights or a weight norm over "
+                                  f"{self.norm_factor} x the median node's); consensus/excluded counts them per round",
+                                  LowbandWarning, stacklevel=2)
+            if keep:
+                avg = weighted_average([params[n] for n in keep])
                 res = self.ex.map_nodes(partial(_eval_params, params=avg, test=test, bs=bs), [0], round, plan)[0]
                 out["consensus/acc"], out["consensus/loss"] = res[0], res[1]
         return out
+
+
+def _params_norm(p: dict[str, torch.Tensor]) -> float:
+    """L2 norm over the floating tensors of ``p`` (float64; inf or nan when they are)."""
+    total = 0.0
+    for v in p.values():
+        if v.is_floating_point():
+            total += float(v.detach().to(torch.float64).pow(2).sum())
+    return math.sqrt(total)
+
+
+def consensus_members(params: dict[int, dict[str, torch.Tensor]], norm_factor: Optional[float]) -> list[int]:
+    """The nodes whose weights enter the consensus average: finite weights, and (with
+    ``norm_factor``) a norm at most ``norm_factor`` x the median of the finite nodes' norms,
+    the rule of the receivers' norm screen (lowband.comm.validate) applied to the models."""
+    norms = {n: _params_norm(p) for n, p in params.items()}
+    finite = [n for n in params if math.isfinite(norms[n])]
+    if not norm_factor or len(finite) < 3:
+        return finite
+    med = float(np.median([norms[n] for n in finite]))
+    if not med > 0:
+        return finite
+    return [n for n in finite if norms[n] <= norm_factor * med]
 
 
 def sample_nodes(num_nodes: int, sample: Optional[int], seed: int) -> list[int]:

@@ -313,7 +313,7 @@ class Simulation:
         with config_errors("eval"):
             self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
                                        self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology,
-                                       sample=exp.eval.nodes, seed=exp.seed)
+                                       sample=exp.eval.nodes, seed=exp.seed, norm_factor=exp.comm.norm_factor or None)
 
     def _default_main(self) -> str:
         main = self.alg.default_main
