@@ -31,6 +31,17 @@ per sender, link (the receiver, or ``bcast`` for a message encoded once for seve
 receivers, and the message kind) and tensor name: the sender's private state, never
 sent. A backend that encodes where the senders live (a Ray shard) keeps its senders'
 states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
+
+EF21 (``ef21(...)``, :class:`~lowband.comm.memory.EF21`) keeps an estimate at both ends
+of a unicast link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's
+mirror in the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with
+it, never sent). Encoding reads the sender's estimate only; when a receiver *accepts* the
+message (:meth:`receive`, after the validator's checks) both copies move by the decoded
+correction, and the receiver gets its new estimate. A message that is not delivered
+(dropout, a deadline, a step nobody reads) or is refused moves neither, so the copies stay
+equal; delivering the acknowledgement back to the sender is not counted (a real link
+would need one, e.g. a transport-level ack). The two copies must live in one network: the
+serial round loop (a run with Ray or worker processes is refused before it starts).
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import torch
 
 from ..seeding import torch_gen
 from .codecs import Codec, is_stateful
+from .memory import has_receiver_state
 from .ledger import Ledger
 from .message import DIRECTIONS, SERVER, Message
 from .validate import Rejection, Validator, content_problem
@@ -214,18 +226,20 @@ class Network:
                                                                "nothing was sent"))
             return {}
         try:
-            got, _ = self.decode(data)
+            got, codec = self.decode(data)
         except WireError as exc:
             if self.validator is None:
                 raise
             self._refuse(round, src, dsts, kind, ("malformed", str(exc).splitlines()[0] if str(exc) else "WireError"))
             return {}
-        return self._hand_out(got, src, dsts, round, stand_in, share)
+        return self._hand_out(got, src, dsts, round, stand_in, share, codec)
 
     def _hand_out(self, got: Message, src: int, dsts: list[int], round: int,
-                  stand_in: Optional[dict[str, torch.Tensor]], share: bool = False) -> dict[int, Message]:
+                  stand_in: Optional[dict[str, torch.Tensor]], share: bool = False,
+                  codec: Optional[Codec] = None) -> dict[int, Message]:
         """Validate a decoded message for each receiver; the first accepted receiver gets
-        ``got`` itself, the others clones (or ``got`` too with ``share``)."""
+        ``got`` itself, the others clones (or ``got`` too with ``share``). Under ``ef21``
+        the accepted receiver gets its estimate, and both copies move (:meth:`_ef21_commit`)."""
         if stand_in and not got.declared:
             raise ValueError(f"message {got.kind!r}: stand_in given but the message declares no tensor")
         v = self.validator
@@ -240,6 +254,12 @@ class Network:
                 out[d] = next(iter(out.values()))
             else:
                 out[d] = self._attach(got if not out else got.clone(), stand_in)
+        if codec is not None and has_receiver_state(codec):
+            if len(dsts) > 1:
+                raise ValueError(f"codec {codec.spec}: one message decoded for {len(dsts)} receivers; EF21 "
+                                 f"keeps one estimate per link (unicast only)")
+            for d, m in out.items():
+                self._ef21_commit(codec, src, d, m)
         if self.device is not None:  # decoded on the CPU; the receivers compute on the run's device
             from ..device import to_device
 
@@ -249,6 +269,27 @@ class Network:
                     moved[id(m)] = to_device(m, self.device)
                 out[d] = moved[id(m)]
         return out
+
+    def _ef21_commit(self, codec: Codec, src: int, dst: int, msg: Message) -> None:
+        """``dst`` accepted ``msg`` (EF21 corrections): move the sender's estimate and the
+        receiver's mirror by each correction, check they are still equal, and give ``msg``
+        the receiver's new estimate in place of the correction."""
+        sent = self.codec_states.get(int(src), {}).get(f"{int(dst)}:{msg.kind}")
+        if sent is None:
+            raise ValueError(f"codec {codec.spec}: node {src}'s estimate for link {dst}:{msg.kind} is not kept in "
+                             f"this process; EF21 moves both copies on delivery, in the serial round loop only")
+        mirror = self.codec_state(int(dst), f"from:{int(src)}:{msg.kind}")
+        for name, c in msg.tensors.items():
+            if not c.is_floating_point():
+                continue  # raw (non-float) tensors do not go through the codec
+            g_recv = codec.step(mirror.get(name, {}), c)  # type: ignore[attr-defined]
+            g_send = codec.step(sent.get(name, {}), c)  # type: ignore[attr-defined]
+            if not torch.equal(g_recv, g_send):
+                raise RuntimeError(f"codec {codec.spec}: the estimates of link {src}->{dst} ({msg.kind!r}, tensor "
+                                   f"{name!r}) differ at the sender and the receiver")
+            mirror[name] = {"g": g_recv}
+            sent[name] = {**sent.get(name, {}), "g": g_send}
+            msg.tensors[name] = g_recv.clone()  # the receiver's step may change its inbox in place
 
     def screen(self, round: int, inboxes: dict[int, list]) -> dict[int, list]:
         """Drop norm outliers from every receiver's inbox of one step (envelopes with
@@ -267,9 +308,17 @@ class Network:
         exactly as :meth:`send` and :meth:`broadcast` do, without counting or decoding: the
         backends where the bytes really travel (Ray) call this on the sender's side."""
         out: list[Transfer] = []
+        links: set[tuple[int, str]] = set()  # EF21 links used in this outbox
         for index, (dsts, msg) in enumerate(items):
             dsts = tuple(int(d) for d in dsts)
-            out.append(self._encode(round, src, index, dsts, msg, link_direction(src, dsts), len(dsts) > 1))
+            direction = link_direction(src, dsts)
+            if len(dsts) == 1 and has_receiver_state(self.codec_for(msg.kind, direction)):
+                if (dsts[0], msg.kind) in links:
+                    raise WireError(f"codec {self.codecs.spec_for(msg.kind, direction)}: node {src} sends two "
+                                    f"{msg.kind!r} messages to {dsts[0]} in one step; EF21 encodes each against "
+                                    f"the estimate of the last delivered one: send one per step")
+                links.add((dsts[0], msg.kind))
+            out.append(self._encode(round, src, index, dsts, msg, direction, len(dsts) > 1))
         return out
 
     def _encode(self, round: int, src: int, index: int, dsts: tuple[int, ...], msg: Message,
@@ -278,6 +327,11 @@ class Network:
             raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
         self._check_stand_in(msg)
         codec = self.codec_for(msg.kind, direction)
+        if bcast and has_receiver_state(codec):
+            raise WireError(f"codec {codec.spec} on {msg.kind!r} ({direction}), a broadcast from node {src} to "
+                            f"{len(dsts)} receivers: EF21 keeps one estimate per (sender, receiver) link, and the "
+                            f"receivers of a broadcast differ from round to round; use ef(...) on broadcasts, e.g. "
+                            f"comm.by_kind.{msg.kind} = \"ef({codec.spec[5:-1]})\"")
         link = "bcast" if bcast else dsts[0]
         gen = self._gen(round, src, link, msg.kind)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
@@ -327,7 +381,7 @@ class Network:
         if declared is None:
             declared = declared_bytes(msg, codec)
         self.ledger.record(round, src, dst, direction, msg.kind, len(data), declared)
-        return self._hand_out(msg, src, [int(dst)], round, stand_in).get(int(dst))
+        return self._hand_out(msg, src, [int(dst)], round, stand_in, codec=codec).get(int(dst))
 
     def send(self, msg: Message, src: int, dst: int, *, round: int,
              direction: str) -> Optional[Message]:

@@ -293,7 +293,8 @@ class Simulation:
                        "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
         else:
             #: worker processes of the round ([engine] workers; 1: this process, serially)
-            self.workers = 1 if not is_cpu(self.device) else resolve_workers(  # a GPU run stays in this process
+            # a GPU run stays in this process, and so does EF21 (both ends of a link in one loop)
+            self.workers = 1 if not is_cpu(self.device) or checks.ef21_specs(exp) else resolve_workers(
                 exp.engine.workers, exp.threads, self.num_nodes, self.model_size,
                 sum(int(nd.n_train) for nd in self.fed.nodes))
             if self.workers > 1:
