@@ -4,24 +4,27 @@ Properties: the receiver's estimate equals the sender's after every delivered me
 converges to a constant input (top-k: exactly, within numel/k messages); a message that is
 dropped (not delivered, a straggler past the deadline) or refused (the validator) moves
 neither copy; a run resumes byte-identically with both copies in the checkpoint; FedAvg on
-digits with EF21 on its deltas learns at top-k's bytes; where both copies cannot live in
-one round loop (Ray, worker processes, a broadcast, inside a chain) it is refused, one line."""
+digits with EF21 on its deltas learns at top-k's bytes, and a broadcast is encoded per
+receiver; where both copies cannot live in one round loop (Ray, worker processes, Flower)
+or EF21 is not the whole spec, it is refused, one line."""
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import digits_config
-from lowband.comm import Ledger, Message, WireError, parse_codec
+from lowband.comm import Ledger, Message, parse_codec
 from lowband.comm.network import CodecConfig, Network
 from lowband.comm.validate import ValidationPolicy, Validator
 from lowband.comm.wire import header_size
 from lowband.config import ConfigError, validate
+from lowband.engine.checks import LowbandWarning
 from lowband.engine.simulator import Simulation
 from lowband.seeding import torch_gen
 
@@ -219,14 +222,33 @@ def test_auto_workers_run_serially(tmp_path: Path) -> None:
     assert sim.workers == 1
 
 
-def test_refused_on_a_broadcast_with_one_line(tmp_path: Path) -> None:
-    """FedAvg's download is one message for the sampled clients: refused in its first round."""
-    cfg = _cfg(tmp_path)
-    cfg["comm"] = {"by_direction": {"down": SPEC}}
-    with pytest.raises(WireError) as exc:
-        _run(cfg)
-    msg = str(exc.value)
-    assert "\n" not in msg and "broadcast" in msg and 'ef(topk(0.1))' in msg, msg
+def test_a_broadcast_is_encoded_per_receiver_at_its_bytes(tmp_path: Path) -> None:
+    """FedAvg's download (one message for the 4 sampled clients) under EF21: each client's
+    copy equals the server's estimate for that client, clients sampled in different rounds
+    hold different estimates, and the downlink costs top-k's bytes per receiver."""
+    spec = "ef21(topk(0.5))"
+    cfg = _cfg(tmp_path / "a", rounds=5, spec="fp32")
+    cfg["comm"] = {"by_direction": {"down": spec}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowbandWarning)  # no "sparsifies whole weights" warning
+        sim = _run(cfg)
+    ref = _cfg(tmp_path / "b", rounds=5, spec="fp32")
+    ref["comm"] = {"by_direction": {"down": "topk(0.5)"}}
+    with pytest.warns(LowbandWarning, match="sparsifies whole weights"):
+        plain = _run(ref)
+    states, ests = sim.network.codec_states, {}
+    for link, per in states[-1].items():
+        client, kind = link.split(":")
+        assert kind == "weights" and client != "bcast", link
+        for name, st in per.items():
+            assert torch.equal(st["g"], states[int(client)]["from:-1:weights"][name]["g"]), (client, name)
+        ests[int(client)] = torch.cat([st["g"].reshape(-1) for _, st in sorted(per.items())])
+    assert len(ests) >= 6 and len({tuple(e[:50].tolist()) for e in ests.values()}) >= 2
+    down, want = sim.network.ledger.cumulative(5)["down"], plain.network.ledger.cumulative(5)["down"]
+    assert down["messages"] == want["messages"] == 20
+    assert down["encoded"] - want["encoded"] == (len(spec) - len("topk(0.5)")) * 20
+    # the clients get a dense estimate of the weights, not top-k's half of them (which warns)
+    assert _metrics(sim)[-1]["global/acc"] > _metrics(plain)[-1]["global/acc"] + 0.05
 
 
 @pytest.mark.parametrize("spec", ["ef21", "topk(0.01)+ef21(sign)", "ef21(sign)+fp16", "ef21(ef(sign))",

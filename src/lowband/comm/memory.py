@@ -119,8 +119,8 @@ class EF21(_Base):
     never changes it, and its ``decode`` returns the correction ``decode(c)``. The network
     applies the update to both copies when the receiver *accepts* the message (see
     :meth:`lowband.comm.network.Network.receive`): a message that is dropped (dropout, a
-    deadline) or refused (the validator) moves neither copy, so they stay equal. Hence:
-    unicast links only (a broadcast's receivers would need one estimate each), the whole
+    deadline) or refused (the validator) moves neither copy, so they stay equal. Hence: a
+    broadcast is encoded once per receiver (each link has its own estimate), the whole
     codec spec (a codec chained after it would change what the receiver decodes: wrap the
     chain, ``ef21(topk(0.01)+fp16)``), and a stateless ``C``. A message with non-finite
     values is refused at the sender (nothing sent, nothing moved).

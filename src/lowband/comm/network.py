@@ -33,9 +33,9 @@ sent. A backend that encodes where the senders live (a Ray shard) keeps its send
 states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
 
 EF21 (``ef21(...)``, :class:`~lowband.comm.memory.EF21`) keeps an estimate at both ends
-of a unicast link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's
+of a link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's
 mirror in the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with
-it, never sent). Encoding reads the sender's estimate only; when a receiver *accepts* the
+it, never sent); a broadcast is encoded once per receiver, against each link's estimate. Encoding reads the sender's estimate only; when a receiver *accepts* the
 message (:meth:`receive`, after the validator's checks) both copies move by the decoded
 correction, and the receiver gets its new estimate. A message that is not delivered
 (dropout, a deadline, a step nobody reads) or is refused moves neither, so the copies stay
@@ -306,19 +306,28 @@ class Network:
         """Encode ``src``'s outbox entries ``(dsts, msg)``: one transfer each, a broadcast
         (several receivers) encoded once for all of them with the ``"bcast"`` generator,
         exactly as :meth:`send` and :meth:`broadcast` do, without counting or decoding: the
-        backends where the bytes really travel (Ray) call this on the sender's side."""
+        backends where the bytes really travel (Ray) call this on the sender's side.
+
+        Under ``ef21`` a broadcast becomes one transfer per receiver (same ``index``), each
+        encoded against that link's estimate: its receivers' copies differ (sampling,
+        dropout), and the ledger counts a broadcast once per receiver anyway."""
         out: list[Transfer] = []
         links: set[tuple[int, str]] = set()  # EF21 links used in this outbox
         for index, (dsts, msg) in enumerate(items):
             dsts = tuple(int(d) for d in dsts)
             direction = link_direction(src, dsts)
-            if len(dsts) == 1 and has_receiver_state(self.codec_for(msg.kind, direction)):
-                if (dsts[0], msg.kind) in links:
+            if not has_receiver_state(self.codec_for(msg.kind, direction)):
+                out.append(self._encode(round, src, index, dsts, msg, direction, len(dsts) > 1))
+                continue
+            if len(set(dsts)) != len(dsts):
+                raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
+            for d in dsts:
+                if (d, msg.kind) in links:
                     raise WireError(f"codec {self.codecs.spec_for(msg.kind, direction)}: node {src} sends two "
-                                    f"{msg.kind!r} messages to {dsts[0]} in one step; EF21 encodes each against "
-                                    f"the estimate of the last delivered one: send one per step")
-                links.add((dsts[0], msg.kind))
-            out.append(self._encode(round, src, index, dsts, msg, direction, len(dsts) > 1))
+                                    f"{msg.kind!r} messages to {d} in one step; EF21 encodes each against the "
+                                    f"estimate of the last delivered one: send one per step")
+                links.add((d, msg.kind))
+                out.append(self._encode(round, src, index, (d,), msg, direction, False))
         return out
 
     def _encode(self, round: int, src: int, index: int, dsts: tuple[int, ...], msg: Message,
@@ -328,10 +337,8 @@ class Network:
         self._check_stand_in(msg)
         codec = self.codec_for(msg.kind, direction)
         if bcast and has_receiver_state(codec):
-            raise WireError(f"codec {codec.spec} on {msg.kind!r} ({direction}), a broadcast from node {src} to "
-                            f"{len(dsts)} receivers: EF21 keeps one estimate per (sender, receiver) link, and the "
-                            f"receivers of a broadcast differ from round to round; use ef(...) on broadcasts, e.g. "
-                            f"comm.by_kind.{msg.kind} = \"ef({codec.spec[5:-1]})\"")
+            raise ValueError(f"codec {codec.spec}: a broadcast is encoded once per receiver under EF21 "
+                             f"(Network.encode_outbox, Network.broadcast)")
         link = "bcast" if bcast else dsts[0]
         gen = self._gen(round, src, link, msg.kind)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
@@ -398,6 +405,9 @@ class Network:
         dsts = list(dsts)
         if not dsts:
             return {}
+        if has_receiver_state(self.codec_for(msg.kind, direction)):  # one estimate per link (encode_outbox)
+            got = {int(d): self.send(msg, src, int(d), round=round, direction=direction) for d in dsts}
+            return {d: m for d, m in got.items() if m is not None}
         t = self._encode(round, src, 0, tuple(int(d) for d in dsts), msg, direction, bcast=True)
         self.record(round, t)
         return self.receive(t.data, src, t.dsts, round=round, kind=t.kind, stand_in=msg.stand_in)

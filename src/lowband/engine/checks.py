@@ -28,7 +28,8 @@ Warned once per run (:class:`LowbandWarning`, by :class:`TrafficWatch` reading t
 ledger after each evaluated round):
 
 - a lossy sparsifier (``topk``, ``randmask``, ``sketch``) on a message that carries whole
-  weights (kinds in :data:`WEIGHT_KINDS`): it zeroes most weights, and the model stops
+  weights (kinds in :data:`WEIGHT_KINDS`; not under ``ef21``, whose receiver gets a dense
+  estimate): it zeroes most weights, and the model stops
   learning (FedAvg on digits: 51.1% -> 10.0%); send deltas instead
   (``algorithm.upload = "delta"`` with ``comm.by_kind.delta = "topk(0.01)+fp16"``);
 - an encoded message more than :data:`OVERSIZE_FACTOR` times the fp32 message of the
@@ -356,7 +357,9 @@ class TrafficWatch:
         if kind not in WEIGHT_KINDS or "lossy" in self.warned:
             return
         spec = self.network.codecs.spec_for(kind, direction)
-        lossy = [t for t in codec_terms(spec) if t in SPARSIFIERS]
+        terms = codec_terms(spec)
+        # under ef21 the receiver gets its dense estimate g + c, never the sparse c
+        lossy = [t for t in terms if t in SPARSIFIERS] if terms[0] != "ef21" else []
         if lossy:
             self.warned.add("lossy")
             warnings.warn(
