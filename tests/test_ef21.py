@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import digits_config
-from lowband.comm import Ledger, Message, parse_codec
+from lowband.comm import Ledger, Message, WireError, parse_codec
 from lowband.comm.network import CodecConfig, Network
 from lowband.comm.validate import ValidationPolicy, Validator
 from lowband.comm.wire import header_size
@@ -116,6 +116,22 @@ def test_dropped_or_refused_messages_move_neither_copy() -> None:
     assert torch.equal(got, want)
     sent, mirror = copies(net, 2, -1, "delta", "w")
     assert torch.equal(sent, mirror) and torch.equal(mirror, got)
+
+
+def test_network_broadcast_keeps_one_estimate_per_receiver_and_one_message_per_link() -> None:
+    net = Network(CodecConfig(default=SPEC), Ledger(), seed=0)
+    x = randn(100, seed=4)
+    net.broadcast(Message("weights", {"w": x}), -1, [1, 2], round=1, direction="down")
+    got = net.broadcast(Message("weights", {"w": x}), -1, [2, 3], round=2, direction="down")
+    assert sorted(net.codec_states[-1]) == ["1:weights", "2:weights", "3:weights"]
+    for d in (1, 2, 3):
+        sent, mirror = copies(net, -1, d, "weights", "w")
+        assert torch.equal(sent, mirror)
+    assert torch.equal(got[3].tensors["w"], copies(net, -1, 3, "weights", "w")[1])
+    assert float((x - got[2].tensors["w"]).norm()) < float((x - got[3].tensors["w"]).norm())  # 2 heard twice
+    assert net.ledger.totals(direction="down")[0] == 4 * len(net.encode(Message("weights", {"w": x}), -1, 1, round=3))
+    with pytest.raises(WireError, match="one per step"):
+        net.encode_outbox(4, 5, [((-1,), Message("delta", {"w": x})), ((-1,), Message("delta", {"w": x}))])
 
 
 # ----------------------------------------------------------------------------- runs
