@@ -134,6 +134,18 @@ def test_network_broadcast_keeps_one_estimate_per_receiver_and_one_message_per_l
         net.encode_outbox(4, 5, [((-1,), Message("delta", {"w": x})), ((-1,), Message("delta", {"w": x}))])
 
 
+def test_ef21_bytes_that_no_sender_here_encoded_are_refused() -> None:
+    """Bytes naming ef21 whose sender keeps no estimate for the link (crafted, or from
+    another process) are refused as malformed, not decoded into a wrong estimate."""
+    other = Network(CodecConfig(default=SPEC), Ledger(), seed=0)
+    data = other.encode(Message("delta", {"w": randn(30)}), 4, -1, round=1)
+    net = Network(CodecConfig(default="fp32"), Ledger(), seed=0, validator=Validator(ValidationPolicy()))
+    assert net.receive(data, 4, (-1,), round=1, kind="delta") == {}
+    assert [r.reason for r in net.rejections] == ["malformed"] and net.codec_states == {}
+    with pytest.raises(ValueError, match="no estimate of node 4"):
+        Network(CodecConfig(), Ledger(), seed=0).receive(data, 4, (-1,), round=1)
+
+
 # ----------------------------------------------------------------------------- runs
 
 

@@ -243,6 +243,15 @@ class Network:
         if stand_in and not got.declared:
             raise ValueError(f"message {got.kind!r}: stand_in given but the message declares no tensor")
         v = self.validator
+        ef21 = codec is not None and has_receiver_state(codec)
+        if ef21 and (len(dsts) > 1 or f"{dsts[0]}:{got.kind}" not in self.codec_states.get(int(src), {})):
+            # our senders encode EF21 per link, in this network: these bytes were not made here
+            why = (f"codec {codec.spec}: no estimate of node {src} for link {dsts[0] if len(dsts) == 1 else dsts}:"
+                   f"{got.kind} in this process (EF21 runs in the serial round loop, one message per receiver)")
+            if v is None:
+                raise ValueError(why)
+            self._refuse(round, src, dsts, got.kind, ("malformed", why))
+            return {}
         content = content_problem(got) if v is not None else None
         out: dict[int, Message] = {}
         for d in dsts:
@@ -254,12 +263,9 @@ class Network:
                 out[d] = next(iter(out.values()))
             else:
                 out[d] = self._attach(got if not out else got.clone(), stand_in)
-        if codec is not None and has_receiver_state(codec):
-            if len(dsts) > 1:
-                raise ValueError(f"codec {codec.spec}: one message decoded for {len(dsts)} receivers; EF21 "
-                                 f"keeps one estimate per link (unicast only)")
+        if ef21:
             for d, m in out.items():
-                self._ef21_commit(codec, src, d, m)
+                self._ef21_commit(codec, src, d, m)  # type: ignore[arg-type]
         if self.device is not None:  # decoded on the CPU; the receivers compute on the run's device
             from ..device import to_device
 
@@ -274,10 +280,7 @@ class Network:
         """``dst`` accepted ``msg`` (EF21 corrections): move the sender's estimate and the
         receiver's mirror by each correction, check they are still equal, and give ``msg``
         the receiver's new estimate in place of the correction."""
-        sent = self.codec_states.get(int(src), {}).get(f"{int(dst)}:{msg.kind}")
-        if sent is None:
-            raise ValueError(f"codec {codec.spec}: node {src}'s estimate for link {dst}:{msg.kind} is not kept in "
-                             f"this process; EF21 moves both copies on delivery, in the serial round loop only")
+        sent = self.codec_states[int(src)][f"{int(dst)}:{msg.kind}"]  # checked by _hand_out
         mirror = self.codec_state(int(dst), f"from:{int(src)}:{msg.kind}")
         for name, c in msg.tensors.items():
             if not c.is_floating_point():
