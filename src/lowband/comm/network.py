@@ -33,11 +33,12 @@ sent. A backend that encodes where the senders live (a Ray shard) keeps its send
 states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
 
 EF21 (``ef21(...)``, :class:`~lowband.comm.memory.EF21`) keeps an estimate at both ends
-of a link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's
-mirror in the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with
-it, never sent); a broadcast is encoded once per receiver, against each link's estimate. Encoding reads the sender's estimate only; when a receiver *accepts* the
-message (:meth:`receive`, after the validator's checks) both copies move by the decoded
-correction, and the receiver gets its new estimate. A message that is not delivered
+of a link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's mirror in
+the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with it, never
+sent); a broadcast is encoded once per receiver, against each link's estimate. Encoding
+reads the sender's estimate only; when a receiver *accepts* the message (:meth:`receive`,
+after the validator's checks) both copies move by the decoded correction, and the
+receiver gets its new estimate. A message that is not delivered
 (dropout, a deadline, a step nobody reads) or is refused moves neither, so the copies stay
 equal; delivering the acknowledgement back to the sender is not counted (a real link
 would need one, e.g. a transport-level ack). The two copies must live in one network: the
@@ -53,8 +54,8 @@ import torch
 
 from ..seeding import torch_gen
 from .codecs import Codec, is_stateful
-from .memory import has_receiver_state
 from .ledger import Ledger
+from .memory import has_receiver_state
 from .message import DIRECTIONS, SERVER, Message
 from .validate import Rejection, Validator, content_problem
 from .wire import WireError, codec_from_spec, declared_bytes, decode_with_codec, encode_message
