@@ -39,7 +39,7 @@ ALL_SPECS = ["fp32", "fp16", "bf16", "int8", "topk(0.1)", "topk(7)", "randmask(0
              # issue 17: bit-level quantisers and codecs with sender state (their plain
              # encode is the stateless first message; tests/test_codecs_stateful.py has the rest)
              "qsgd(4)", "qsgd(1,bucket=7)", "sign", "ef(topk(0.1))", "ef(topk(0.2)+int8)", "ef(sign)+fp16",
-             "powersgd(2)", "powersgd(1)+fp16"]
+             "powersgd(2)", "powersgd(1)+fp16", "ef21(topk(0.1))", "ef21(sign+fp16)"]
 
 
 def rt(codec: Codec, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -224,7 +224,7 @@ def test_parse_errors_are_one_line_and_list_known_codecs(bad: str) -> None:
 
 def test_registry_lists_every_codec() -> None:
     names = {k.split("(")[0] for k in CODECS}
-    assert {"fp32", "fp16", "bf16", "int8", "topk", "randmask", "sketch", "qsgd", "sign", "ef", "powersgd"} <= names
+    assert {"fp32", "fp16", "bf16", "int8", "topk", "randmask", "sketch", "qsgd", "sign", "ef", "ef21", "powersgd"} <= names
 
 
 # ----------------------------------------------------------------------------- hostile input (issue 14)

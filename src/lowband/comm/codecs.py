@@ -27,6 +27,8 @@ Codecs accept tensors of fewer than 2**31 elements (indices are int32).
 (never mutating a tensor in place). Their ``decode`` is stateless (the receiver needs only
 the bytes), and their plain ``encode`` is the stateless first step (zero residual, fresh
 warm start). A chain is stateful when one of its codecs is (:func:`is_stateful`).
+``ef21(c)`` also keeps a mirror at the receiver, which the network moves on accepted
+delivery (:class:`~lowband.comm.memory.EF21`); it is never part of a chain.
 
 Decoding hostile bytes (design rule 8): ``check_leaves(specs, read, limit)`` recovers the
 original shape from the leaves' header entries (and the small ``_shape`` aux part), checks
@@ -602,6 +604,9 @@ class Chain(_Base):
             raise ValueError("chain needs at least two codecs")
         if len(flat) > MAX_CHAIN:
             raise ValueError(f"chain of {len(flat)} codecs; the limit is {MAX_CHAIN}")
+        if any(getattr(c, "receiver_state", False) for c in flat):
+            raise ValueError("ef21 must be the whole codec (its receiver adds its estimate to what the whole "
+                             "spec decodes): wrap the chain instead, e.g. ef21(topk(0.01)+fp16)")
         self.codecs = tuple(flat)
         self.head = flat[0]
         self.rest: Codec = flat[1] if len(flat) == 2 else Chain(*flat[1:])
@@ -746,6 +751,8 @@ CODECS: dict[str, str] = {
                           "a float32 norm per bucket (0: whole tensor)",
     "sign": "scaled sign: 1 bit/value + float32 mean |x| (biased: use ef(sign))",
     "ef(codec)": "error feedback around a lossy codec: sends codec(x + e), keeps e <- x + e - sent",
+    "ef21(codec)": "EF21: sends codec(x - g); sender and receiver both keep g <- g + decoded, moved together "
+                   "on accepted delivery only (a broadcast: one estimate per receiver; serial round loop)",
     "powersgd(r)": "PowerSGD: rank-r factors P, Q (float32), warm-started Q, error feedback; "
                    "tensors under 2-D (or too small) sent as they are",
     "a+b": "chain: apply b to the non-aux float parts that a produces (e.g. topk(0.01)+fp16)",
@@ -760,6 +767,7 @@ MAKERS: dict[str, Callable[..., Codec]] = {"fp32": fp32, "fp16": fp16, "bf16": b
 #: codec name -> the state it keeps at the sender (codecs not listed keep none)
 CODEC_STATE: dict[str, str] = {
     "ef": "residual e per sender, link and tensor",
+    "ef21": "estimate g per link and tensor at the sender, and its mirror at the receiver",
     "powersgd": "residual e and warm-start Q per sender, link and tensor",
     "a+b": "that of its codecs",
 }
@@ -824,10 +832,6 @@ def _parse_term(term: str, spec: str) -> Codec:
     if not m:
         raise ValueError(f"bad codec {term!r} in {spec!r}; known codecs: {_known()}")
     name, argtext = m.group(1), m.group(2)
-    if name == "ef21":
-        from .memory import EF21_REFUSAL
-
-        raise ValueError(EF21_REFUSAL)
     args: list[Any] = []
     kwargs: dict[str, int | float | bool] = {}
     if name in SPEC_MAKERS:
@@ -875,8 +879,8 @@ def parse_codec(spec: str) -> Codec:
 
 # --------------------------------------------------------------------------- more codecs
 
-from .memory import ef, powersgd  # noqa: E402 (they build on the definitions above)
+from .memory import ef, ef21, powersgd  # noqa: E402 (they build on the definitions above)
 from .quantizers import qsgd, sign  # noqa: E402
 
-MAKERS.update({"qsgd": qsgd, "sign": sign, "ef": ef, "powersgd": powersgd})
-SPEC_MAKERS.add("ef")
+MAKERS.update({"qsgd": qsgd, "sign": sign, "ef": ef, "ef21": ef21, "powersgd": powersgd})
+SPEC_MAKERS.update({"ef", "ef21"})

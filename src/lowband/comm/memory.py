@@ -1,4 +1,4 @@
-"""Codecs with sender state: error feedback (``ef(c)``) and PowerSGD (``powersgd(r)``).
+"""Codecs with state: error feedback (``ef(c)``), EF21 (``ef21(c)``) and PowerSGD (``powersgd(r)``).
 
 The state is a flat ``{name: Tensor}`` dict that the :class:`~lowband.comm.network.Network`
 keeps per sender, link (receiver or broadcast, and message kind) and tensor name, and
@@ -8,6 +8,11 @@ no state: the receiver decodes the bytes alone, exactly as for a stateless codec
 
 A codec replaces state entries, never mutates them in place, so the network can commit a
 message's new state only once the whole message has encoded.
+
+EF21 (:class:`EF21`) is the exception to "decoding needs no state": its receiver keeps a
+mirror of the sender's estimate, and the network (not the codec) moves both copies
+together, on accepted delivery only (:meth:`Network.receive
+<lowband.comm.network.Network.receive>`).
 """
 
 from __future__ import annotations
@@ -32,12 +37,6 @@ from .codecs import (
     check_leaves_of,
     is_stateful,
 )
-
-EF21_REFUSAL = ("codec 'ef21' is not available: EF21 (Richtarik et al. 2021) keeps g_i at the receiver too, "
-                "and every message that is dropped (dropout, deadline) or refused (validator) would leave the "
-                "receiver's g_i behind the sender's for the rest of the run; lowband does not yet commit codec "
-                "state on delivery, so use ef(<codec>) (sender-side error feedback, e.g. ef(topk(0.01)))")
-"""Why ``ef21(...)`` is refused (docs/user-guide.md, "Codecs with state")."""
 
 MAX_POWERSGD_RANK = 32
 """Largest rank of ``powersgd(r)``: decode costs ``r`` multiply-adds per decoded element."""
@@ -105,6 +104,76 @@ class ErrorFeedback(_Base):
 def ef(inner: Codec) -> ErrorFeedback:
     """Error feedback around ``inner`` (see :class:`ErrorFeedback`)."""
     return ErrorFeedback(inner)
+
+
+class EF21(_Base):
+    """EF21 (Richtarik, Sokolov, Fatkhullin, NeurIPS 2021) around a contractive codec ``C``.
+
+    The sender and the receiver of a link both keep an estimate ``g`` of the sender's
+    tensor (zero at first). To send ``x`` the sender transmits ``c = C(x - g)``; the receiver
+    decodes ``x_hat = g + decode(c)`` and both set ``g <- g + decode(c)``, so ``g`` tracks
+    ``x`` and, for a constant ``x``, converges to it geometrically (``||x - g||`` shrinks by
+    the contraction factor of ``C`` each message). The bytes are ``C``'s.
+
+    This codec only encodes ``C(x - g)``: it reads the sender's ``g`` (state key ``"g"``) and
+    never changes it, and its ``decode`` returns the correction ``decode(c)``. The network
+    applies the update to both copies when the receiver *accepts* the message (see
+    :meth:`lowband.comm.network.Network.receive`): a message that is dropped (dropout, a
+    deadline) or refused (the validator) moves neither copy, so they stay equal. Hence: a
+    broadcast is encoded once per receiver (each link has its own estimate), the whole
+    codec spec (a codec chained after it would change what the receiver decodes: wrap the
+    chain, ``ef21(topk(0.01)+fp16)``), and a stateless ``C``. A message with non-finite
+    values is refused at the sender (nothing sent, nothing moved).
+    """
+
+    stateful = True
+    #: the receiver keeps state too: the network commits it on accepted delivery
+    receiver_state = True
+
+    def __init__(self, inner: Codec) -> None:
+        if is_stateful(inner):
+            raise ValueError(f"ef21: the wrapped codec {inner.spec!r} keeps state of its own; wrap a "
+                             f"stateless lossy codec, e.g. ef21(topk(0.01))")
+        self.inner = inner
+        self.spec = f"ef21({inner.spec})"
+
+    def encode(self, x: Tensor, gen: torch.Generator) -> dict[str, Tensor]:
+        return self.inner.encode(x, gen)
+
+    def encode_stateful(self, x: Tensor, gen: torch.Generator, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        x = _as_float(x, self.spec)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"codec {self.spec}: tensor has non-finite values (inf or nan)")
+        g = _residual(state, "g", x, self.spec)
+        return self.inner.encode(x if g is None else x - g, gen)
+
+    def decode(self, parts: dict[str, Tensor]) -> Tensor:
+        """The correction ``decode(c)``; the receiver's estimate is added by the network."""
+        return self.inner.decode(parts)
+
+    def step(self, state: dict[str, Tensor], c: Tensor) -> Tensor:
+        """The estimate after correction ``c``: ``g + c`` (``c`` itself while ``g`` is zero)."""
+        g = _residual(state, "g", c, self.spec)
+        return c.clone() if g is None else g + c
+
+    def leaves(self, shape: tuple[int, ...]) -> LeafSpec:
+        return self.inner.leaves(shape)
+
+    def check_leaves(self, specs: HeaderSpecs, read: AuxReader, limit: Optional[int] = None) -> tuple[int, ...]:
+        return check_leaves_of(self.inner, specs, read, limit)
+
+    def original_shape(self, specs: HeaderSpecs, read: AuxReader) -> tuple[int, ...]:  # pragma: no cover
+        raise NotImplementedError("ef21 checks leaves through the wrapped codec")
+
+
+def ef21(inner: Codec) -> EF21:
+    """EF21 around ``inner`` (see :class:`EF21`)."""
+    return EF21(inner)
+
+
+def has_receiver_state(codec: object) -> bool:
+    """Whether ``codec`` keeps state at the receiver too (``ef21(...)``)."""
+    return bool(getattr(codec, "receiver_state", False))
 
 
 class PowerSGD(_Base):

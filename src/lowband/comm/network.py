@@ -31,6 +31,18 @@ per sender, link (the receiver, or ``bcast`` for a message encoded once for seve
 receivers, and the message kind) and tensor name: the sender's private state, never
 sent. A backend that encodes where the senders live (a Ray shard) keeps its senders'
 states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
+
+EF21 (``ef21(...)``, :class:`~lowband.comm.memory.EF21`) keeps an estimate at both ends
+of a link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's mirror in
+the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with it, never
+sent); a broadcast is encoded once per receiver, against each link's estimate. Encoding
+reads the sender's estimate only; when a receiver *accepts* the message (:meth:`receive`,
+after the validator's checks) both copies move by the decoded correction, and the
+receiver gets its new estimate. A message that is not delivered
+(dropout, a deadline, a step nobody reads) or is refused moves neither, so the copies stay
+equal; delivering the acknowledgement back to the sender is not counted (a real link
+would need one, e.g. a transport-level ack). The two copies must live in one network: the
+serial round loop (a run with Ray or worker processes is refused before it starts).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import torch
 from ..seeding import torch_gen
 from .codecs import Codec, is_stateful
 from .ledger import Ledger
+from .memory import has_receiver_state
 from .message import DIRECTIONS, SERVER, Message
 from .validate import Rejection, Validator, content_problem
 from .wire import WireError, codec_from_spec, declared_bytes, decode_with_codec, encode_message
@@ -214,21 +227,32 @@ class Network:
                                                                "nothing was sent"))
             return {}
         try:
-            got, _ = self.decode(data)
+            got, codec = self.decode(data)
         except WireError as exc:
             if self.validator is None:
                 raise
             self._refuse(round, src, dsts, kind, ("malformed", str(exc).splitlines()[0] if str(exc) else "WireError"))
             return {}
-        return self._hand_out(got, src, dsts, round, stand_in, share)
+        return self._hand_out(got, src, dsts, round, stand_in, share, codec)
 
     def _hand_out(self, got: Message, src: int, dsts: list[int], round: int,
-                  stand_in: Optional[dict[str, torch.Tensor]], share: bool = False) -> dict[int, Message]:
+                  stand_in: Optional[dict[str, torch.Tensor]], share: bool = False,
+                  codec: Optional[Codec] = None) -> dict[int, Message]:
         """Validate a decoded message for each receiver; the first accepted receiver gets
-        ``got`` itself, the others clones (or ``got`` too with ``share``)."""
+        ``got`` itself, the others clones (or ``got`` too with ``share``). Under ``ef21``
+        the accepted receiver gets its estimate, and both copies move (:meth:`_ef21_commit`)."""
         if stand_in and not got.declared:
             raise ValueError(f"message {got.kind!r}: stand_in given but the message declares no tensor")
         v = self.validator
+        ef21 = codec is not None and has_receiver_state(codec)
+        if ef21 and (len(dsts) > 1 or f"{dsts[0]}:{got.kind}" not in self.codec_states.get(int(src), {})):
+            # our senders encode EF21 per link, in this network: these bytes were not made here
+            why = (f"codec {codec.spec}: no estimate of node {src} for link {dsts[0] if len(dsts) == 1 else dsts}:"
+                   f"{got.kind} in this process (EF21 runs in the serial round loop, one message per receiver)")
+            if v is None:
+                raise ValueError(why)
+            self._refuse(round, src, dsts, got.kind, ("malformed", why))
+            return {}
         content = content_problem(got) if v is not None else None
         out: dict[int, Message] = {}
         for d in dsts:
@@ -240,6 +264,9 @@ class Network:
                 out[d] = next(iter(out.values()))
             else:
                 out[d] = self._attach(got if not out else got.clone(), stand_in)
+        if ef21:
+            for d, m in out.items():
+                self._ef21_commit(codec, src, d, m)  # type: ignore[arg-type]
         if self.device is not None:  # decoded on the CPU; the receivers compute on the run's device
             from ..device import to_device
 
@@ -249,6 +276,24 @@ class Network:
                     moved[id(m)] = to_device(m, self.device)
                 out[d] = moved[id(m)]
         return out
+
+    def _ef21_commit(self, codec: Codec, src: int, dst: int, msg: Message) -> None:
+        """``dst`` accepted ``msg`` (EF21 corrections): move the sender's estimate and the
+        receiver's mirror by each correction, check they are still equal, and give ``msg``
+        the receiver's new estimate in place of the correction."""
+        sent = self.codec_states[int(src)][f"{int(dst)}:{msg.kind}"]  # checked by _hand_out
+        mirror = self.codec_state(int(dst), f"from:{int(src)}:{msg.kind}")
+        for name, c in msg.tensors.items():
+            if not c.is_floating_point():
+                continue  # raw (non-float) tensors do not go through the codec
+            g_recv = codec.step(mirror.get(name, {}), c)  # type: ignore[attr-defined]
+            g_send = codec.step(sent.get(name, {}), c)  # type: ignore[attr-defined]
+            if not torch.equal(g_recv, g_send):
+                raise RuntimeError(f"codec {codec.spec}: the estimates of link {src}->{dst} ({msg.kind!r}, tensor "
+                                   f"{name!r}) differ at the sender and the receiver")
+            mirror[name] = {"g": g_recv}
+            sent[name] = {**sent.get(name, {}), "g": g_send}
+            msg.tensors[name] = g_recv.clone()  # the receiver's step may change its inbox in place
 
     def screen(self, round: int, inboxes: dict[int, list]) -> dict[int, list]:
         """Drop norm outliers from every receiver's inbox of one step (envelopes with
@@ -265,11 +310,28 @@ class Network:
         """Encode ``src``'s outbox entries ``(dsts, msg)``: one transfer each, a broadcast
         (several receivers) encoded once for all of them with the ``"bcast"`` generator,
         exactly as :meth:`send` and :meth:`broadcast` do, without counting or decoding: the
-        backends where the bytes really travel (Ray) call this on the sender's side."""
+        backends where the bytes really travel (Ray) call this on the sender's side.
+
+        Under ``ef21`` a broadcast becomes one transfer per receiver (same ``index``), each
+        encoded against that link's estimate: its receivers' copies differ (sampling,
+        dropout), and the ledger counts a broadcast once per receiver anyway."""
         out: list[Transfer] = []
+        links: set[tuple[int, str]] = set()  # EF21 links used in this outbox
         for index, (dsts, msg) in enumerate(items):
             dsts = tuple(int(d) for d in dsts)
-            out.append(self._encode(round, src, index, dsts, msg, link_direction(src, dsts), len(dsts) > 1))
+            direction = link_direction(src, dsts)
+            if not has_receiver_state(self.codec_for(msg.kind, direction)):
+                out.append(self._encode(round, src, index, dsts, msg, direction, len(dsts) > 1))
+                continue
+            if len(set(dsts)) != len(dsts):
+                raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
+            for d in dsts:
+                if (d, msg.kind) in links:
+                    raise WireError(f"codec {self.codecs.spec_for(msg.kind, direction)}: node {src} sends two "
+                                    f"{msg.kind!r} messages to {d} in one step; EF21 encodes each against the "
+                                    f"estimate of the last delivered one: send one per step")
+                links.add((d, msg.kind))
+                out.append(self._encode(round, src, index, (d,), msg, direction, False))
         return out
 
     def _encode(self, round: int, src: int, index: int, dsts: tuple[int, ...], msg: Message,
@@ -278,6 +340,9 @@ class Network:
             raise ValueError(f"broadcast: duplicate receivers in {list(dsts)}")
         self._check_stand_in(msg)
         codec = self.codec_for(msg.kind, direction)
+        if bcast and has_receiver_state(codec):
+            raise ValueError(f"codec {codec.spec}: a broadcast is encoded once per receiver under EF21 "
+                             f"(Network.encode_outbox, Network.broadcast)")
         link = "bcast" if bcast else dsts[0]
         gen = self._gen(round, src, link, msg.kind)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
@@ -327,7 +392,7 @@ class Network:
         if declared is None:
             declared = declared_bytes(msg, codec)
         self.ledger.record(round, src, dst, direction, msg.kind, len(data), declared)
-        return self._hand_out(msg, src, [int(dst)], round, stand_in).get(int(dst))
+        return self._hand_out(msg, src, [int(dst)], round, stand_in, codec=codec).get(int(dst))
 
     def send(self, msg: Message, src: int, dst: int, *, round: int,
              direction: str) -> Optional[Message]:
@@ -344,6 +409,9 @@ class Network:
         dsts = list(dsts)
         if not dsts:
             return {}
+        if has_receiver_state(self.codec_for(msg.kind, direction)):  # one estimate per link (encode_outbox)
+            got = {int(d): self.send(msg, src, int(d), round=round, direction=direction) for d in dsts}
+            return {d: m for d, m in got.items() if m is not None}
         t = self._encode(round, src, 0, tuple(int(d) for d in dsts), msg, direction, bcast=True)
         self.record(round, t)
         return self.receive(t.data, src, t.dsts, round=round, kind=t.kind, stand_in=msg.stand_in)
