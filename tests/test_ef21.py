@@ -364,8 +364,12 @@ def test_worker_pool_matches_serial_with_faults_and_resumes(tmp_path: Path) -> N
         if r == 2:
             raise _Kill
 
-    with pytest.raises(_Kill):
-        Simulation(validate(cut), progress=boom).run()
+    sim = Simulation(validate(cut), progress=boom)
+    try:
+        with pytest.raises(_Kill):
+            sim.run()
+    finally:
+        sim.executor.close()  # an interrupted run leaves its workers to the caller
     resumed = _run(cut, resume=True)
     assert isinstance(resumed.executor, PoolExecutor)
     assert (Path(resumed.result.run_dir) / "metrics.jsonl").read_text() == ms

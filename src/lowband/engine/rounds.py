@@ -45,12 +45,14 @@ reports an ack (:data:`~lowband.comm.network.Ack`) in its step summary, the loop
 each ack to its sender's place with the next step (applied before that step encodes
 anything) and, for the round's last deliveries, in :meth:`Backend.apply_acks` before the
 round ends (so a checkpoint holds equal copies). The serial loop moves the sender's
-estimate on delivery; the ack moves it one step later, before the sender can encode on
-that link again unless it sends in two consecutive steps (refused by the network).
+estimate on delivery, the ack one step later: still before the sender's next message on
+that link, unless it sends on the link in two consecutive steps, which the network
+refuses (a RuntimeError naming the link) rather than encode against a stale estimate.
 
 A backend implements ``step_places(step, round, plan, codecs, seed, policy, faults,
 late, first, last, acks) -> [(records, refusals, divergences, acks) per place]`` and
-``apply_acks(acks)`` plus the executor protocol (``init_states``, ``run_step``, ``map_nodes``, ``state_dict`` ...).
+``apply_acks(codecs, seed, policy, acks)`` plus the executor protocol (``init_states``,
+``run_step``, ``map_nodes``, ``state_dict`` ...).
 :class:`ShardedExecutor` implements all of it over ``W`` places given two transport
 methods (``_submit`` a call to a place, ``_wait`` for results) and ``_put`` (ship a
 read-only argument once).
