@@ -129,6 +129,55 @@ def test_serial_run_resumes_on_ray(tmp_path: Path, ray_runtime) -> None:
         (Path(whole.result.run_dir) / "metrics.jsonl").read_text()
 
 
+@needs_ray
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_ef21_on_ray_matches_serial_and_resumes(tmp_path: Path, ray_runtime, direction: str) -> None:
+    """EF21 with the sender's estimate and the receiver's copy on different shards (acks
+    carried by the round loop): FedAvg with top-k deltas up under dropout and stragglers,
+    or an EF21 download; metrics.jsonl, the ledger, node states and every codec state (both
+    ends) equal the serial run's. The upload case is also interrupted after round 2 on Ray
+    and resumed there, to the same results."""
+    from test_ef21 import _Kill, both_ends_equal, same_codec_states
+
+    def cfg(name: str, ray_: bool) -> dict:
+        c = digits_config(tmp_path / name, "fedavg", rounds=4, upload="delta")
+        c["comm"] = {"by_direction": {direction: "ef21(topk(0.1))" if direction == "up" else "ef21(topk(0.5))"}}
+        if direction == "up":
+            c["faults"] = {"dropout": 0.2, "straggler": 0.3, "deadline": 1.5}
+        if ray_:
+            c.update(executor="ray", ray_workers=2)
+        return c
+
+    serial, par = _run(cfg("serial", False)), _run(cfg("ray", True))
+    ms = (Path(serial.result.run_dir) / "metrics.jsonl").read_text()
+    assert ms == (Path(par.result.run_dir) / "metrics.jsonl").read_text()
+    _same_ledger(serial, par)
+    _same_states(serial.executor.states, par.executor.states)
+    codecs = par.executor.codec_state_dict()
+    assert same_codec_states(serial.network.codec_state_dict(), codecs) >= 20
+    assert both_ends_equal(codecs) >= 10
+    par.executor.close()  # its shards hold the runtime's 2 CPUs
+    if direction == "down":
+        return
+    assert sum(r.get("faults/dropped", 0) + r.get("faults/late", 0) for r in serial.result.metrics) >= 2
+    cut = cfg("cut", True)
+
+    def boom(r: int, total: int, rec: dict) -> None:
+        if r == 2:
+            raise _Kill
+
+    sim = Simulation(validate(cut), progress=boom)
+    try:
+        with pytest.raises(_Kill):
+            sim.run()
+    finally:
+        sim.executor.close()  # an interrupted run leaves its workers to the caller
+    resumed = _run(cut, resume=True)
+    assert (Path(resumed.result.run_dir) / "metrics.jsonl").read_text() == ms
+    same_codec_states(serial.network.codec_state_dict(), resumed.executor.codec_state_dict())
+    resumed.executor.close()
+
+
 def test_ray_config_keys_are_validated() -> None:
     assert validate({"executor": "ray", "ray_address": "10.0.0.1:6379", "ray_workers": 4}).ray_workers == 4
     with pytest.raises(ConfigError, match="ray_address: must be 'auto'"):

@@ -752,7 +752,7 @@ CODECS: dict[str, str] = {
     "sign": "scaled sign: 1 bit/value + float32 mean |x| (biased: use ef(sign))",
     "ef(codec)": "error feedback around a lossy codec: sends codec(x + e), keeps e <- x + e - sent",
     "ef21(codec)": "EF21: sends codec(x - g); sender and receiver both keep g <- g + decoded, moved together "
-                   "on accepted delivery only (a broadcast: one estimate per receiver; serial round loop)",
+                   "on accepted delivery only (a broadcast: one estimate per receiver)",
     "powersgd(r)": "PowerSGD: rank-r factors P, Q (float32), warm-started Q, error feedback; "
                    "tensors under 2-D (or too small) sent as they are",
     "a+b": "chain: apply b to the non-aux float parts that a produces (e.g. topk(0.01)+fp16)",

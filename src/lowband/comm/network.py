@@ -41,14 +41,27 @@ after the validator's checks) both copies move by the decoded correction, and th
 receiver gets its new estimate. A message that is not delivered
 (dropout, a deadline, a step nobody reads) or is refused moves neither, so the copies stay
 equal; delivering the acknowledgement back to the sender is not counted (a real link
-would need one, e.g. a transport-level ack). The two copies must live in one network: the
-serial round loop (a run with Ray or worker processes is refused before it starts).
+would need one, e.g. a transport-level ack).
+
+Where the two ends live in different places (worker processes, Ray shards: :attr:`remote`
+says which senders live elsewhere), the commit is split by an acknowledgement: the
+receiver's network moves the mirror on acceptance and appends an :data:`Ack` (link and a
+digest of each new estimate) to :attr:`acks`; the sender's network keeps the bytes of each
+message to a remote receiver in :attr:`in_flight` and, given the ack
+(:meth:`apply_acks`, before its next step), moves its estimate by the same decoded
+correction and checks the digests, so the copies stay bit-equal. The round loop
+(:mod:`lowband.engine.rounds`) carries the acks to the senders' places with the next
+step, and at the end of the round, before a checkpoint. A message's ack reaches its
+sender one step after the serial loop would have moved the estimate, so a sender that
+uses a link again in the step right after (its previous message still unacknowledged)
+is refused with a RuntimeError rather than encoding against a stale estimate.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -126,6 +139,15 @@ class Transfer:
     stand_in: dict[str, torch.Tensor]
 
 
+#: an EF21 acknowledgement: (sender, receiver, kind, {tensor: digest of the receiver's new estimate})
+Ack = tuple[int, int, str, dict[str, bytes]]
+
+
+def estimate_digest(g: torch.Tensor) -> bytes:
+    """A digest of an EF21 estimate's bytes (what an ack carries instead of the tensor)."""
+    return hashlib.blake2b(g.detach().cpu().contiguous().numpy().tobytes(), digest_size=16).digest()
+
+
 class Network:
     """Encodes, counts and delivers messages (see the module docstring)."""
 
@@ -143,6 +165,16 @@ class Network:
         #: sender -> link ("<receiver>:<kind>" or "bcast:<kind>") -> tensor name -> codec
         #: state: what stateful codecs keep at each sender (see the module docstring)
         self.codec_states: dict[int, dict[str, dict[str, dict[str, torch.Tensor]]]] = {}
+        #: one place of several (worker processes, Ray shards): whether a node's codec
+        #: states live in another place; None: every sender and receiver is here
+        self.remote: Optional[Callable[[int], bool]] = None
+        #: EF21 acks of accepted messages from remote senders, until the caller empties it
+        self.acks: list[Ack] = []
+        #: EF21 messages to remote receivers awaiting their ack:
+        #: (sender, receiver, kind) -> ((round, step), wire bytes)
+        self.in_flight: dict[tuple[int, int, str], tuple[tuple[int, int], bytes]] = {}
+        #: (round, step index in the round) of the step being encoded (set by the place)
+        self.step_tag: tuple[int, int] = (0, 0)
 
     # -- codec state (the senders' own, never sent) -----------------------------------------
     def codec_state(self, src: int, link: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -245,10 +277,10 @@ class Network:
             raise ValueError(f"message {got.kind!r}: stand_in given but the message declares no tensor")
         v = self.validator
         ef21 = codec is not None and has_receiver_state(codec)
-        if ef21 and (len(dsts) > 1 or f"{dsts[0]}:{got.kind}" not in self.codec_states.get(int(src), {})):
-            # our senders encode EF21 per link, in this network: these bytes were not made here
+        if ef21 and not self._ef21_made_by(codec, src, dsts, got.kind):  # type: ignore[arg-type]
+            # our senders encode EF21 per link: these bytes were not made by one of them
             why = (f"codec {codec.spec}: no estimate of node {src} for link {dsts[0] if len(dsts) == 1 else dsts}:"
-                   f"{got.kind} in this process (EF21 runs in the serial round loop, one message per receiver)")
+                   f"{got.kind} (EF21 encodes one message per receiver, against the link's estimate)")
             if v is None:
                 raise ValueError(why)
             self._refuse(round, src, dsts, got.kind, ("malformed", why))
@@ -277,23 +309,66 @@ class Network:
                 out[d] = moved[id(m)]
         return out
 
+    def _ef21_made_by(self, codec: Codec, src: int, dsts: list[int], kind: str) -> bool:
+        """Whether EF21 bytes from ``src`` to ``dsts`` can be one of our senders' messages:
+        one receiver, and the sender's estimate here or (a remote sender) the run's codec
+        for the link is this one."""
+        if len(dsts) != 1:
+            return False
+        if self.remote is not None and self.remote(int(src)):
+            return self.codec_for(kind, link_direction(int(src), (int(dsts[0]),))).spec == codec.spec
+        return f"{int(dsts[0])}:{kind}" in self.codec_states.get(int(src), {})
+
     def _ef21_commit(self, codec: Codec, src: int, dst: int, msg: Message) -> None:
         """``dst`` accepted ``msg`` (EF21 corrections): move the sender's estimate and the
         receiver's mirror by each correction, check they are still equal, and give ``msg``
-        the receiver's new estimate in place of the correction."""
-        sent = self.codec_states[int(src)][f"{int(dst)}:{msg.kind}"]  # checked by _hand_out
+        the receiver's new estimate in place of the correction. A remote sender's estimate
+        moves later, by the ack appended to :attr:`acks` (:meth:`apply_acks`)."""
+        remote = self.remote is not None and self.remote(int(src))
+        sent = None if remote else self.codec_states[int(src)][f"{int(dst)}:{msg.kind}"]  # checked by _hand_out
         mirror = self.codec_state(int(dst), f"from:{int(src)}:{msg.kind}")
+        digests: dict[str, bytes] = {}
         for name, c in msg.tensors.items():
             if not c.is_floating_point():
                 continue  # raw (non-float) tensors do not go through the codec
             g_recv = codec.step(mirror.get(name, {}), c)  # type: ignore[attr-defined]
-            g_send = codec.step(sent.get(name, {}), c)  # type: ignore[attr-defined]
-            if not torch.equal(g_recv, g_send):
-                raise RuntimeError(f"codec {codec.spec}: the estimates of link {src}->{dst} ({msg.kind!r}, tensor "
-                                   f"{name!r}) differ at the sender and the receiver")
+            if sent is None:
+                digests[name] = estimate_digest(g_recv)
+            else:
+                g_send = codec.step(sent.get(name, {}), c)  # type: ignore[attr-defined]
+                if not torch.equal(g_recv, g_send):
+                    raise RuntimeError(self._differ(codec, src, dst, msg.kind, name))
+                sent[name] = {**sent.get(name, {}), "g": g_send}
             mirror[name] = {"g": g_recv}
-            sent[name] = {**sent.get(name, {}), "g": g_send}
             msg.tensors[name] = g_recv.clone()  # the receiver's step may change its inbox in place
+        if sent is None:
+            self.acks.append((int(src), int(dst), msg.kind, digests))
+
+    @staticmethod
+    def _differ(codec: Codec, src: int, dst: int, kind: str, name: str) -> str:
+        return (f"codec {codec.spec}: the estimates of link {src}->{dst} ({kind!r}, tensor {name!r}) differ at "
+                f"the sender and the receiver")
+
+    def apply_acks(self, acks: list[Ack]) -> None:
+        """Move our senders' EF21 estimates by the messages their remote receivers accepted
+        (the receivers' :attr:`acks`): the same decoded correction of the bytes kept in
+        :attr:`in_flight`, checked against the receiver's digest of its new estimate."""
+        for src, dst, kind, digests in acks:
+            entry = self.in_flight.pop((int(src), int(dst), kind), None)
+            if entry is None:
+                raise RuntimeError(f"EF21: node {dst} acknowledged a {kind!r} message from node {src} that is not "
+                                   f"in flight")
+            got, codec = self.decode(entry[1])
+            sent = self.codec_states[int(src)][f"{int(dst)}:{kind}"]
+            names = [n for n, c in got.tensors.items() if c.is_floating_point()]
+            if sorted(names) != sorted(digests):
+                raise RuntimeError(f"codec {codec.spec}: node {dst}'s ack of link {src}->{dst} ({kind!r}) names "
+                                   f"tensors {sorted(digests)}, the message {sorted(names)}")
+            for name in names:
+                g_send = codec.step(sent.get(name, {}), got.tensors[name])  # type: ignore[attr-defined]
+                if estimate_digest(g_send) != digests[name]:
+                    raise RuntimeError(self._differ(codec, src, dst, kind, name))
+                sent[name] = {**sent.get(name, {}), "g": g_send}
 
     def screen(self, round: int, inboxes: dict[int, list]) -> dict[int, list]:
         """Drop norm outliers from every receiver's inbox of one step (envelopes with
@@ -331,8 +406,26 @@ class Network:
                                     f"{msg.kind!r} messages to {d} in one step; EF21 encodes each against the "
                                     f"estimate of the last delivered one: send one per step")
                 links.add((d, msg.kind))
-                out.append(self._encode(round, src, index, (d,), msg, direction, False))
+                remote = self.remote is not None and self.remote(d)
+                if remote:
+                    self._check_acked(src, d, msg.kind, direction)
+                t = self._encode(round, src, index, (d,), msg, direction, False)
+                if remote and t.data is not None:
+                    self.in_flight[(int(src), d, msg.kind)] = (self.step_tag, t.data)
+                out.append(t)
         return out
+
+    def _check_acked(self, src: int, dst: int, kind: str, direction: str) -> None:
+        """Refuse to encode on an EF21 link to a remote receiver whose previous message was
+        sent in the step just before: its ack arrives after this step's encoding, so the
+        sender's estimate would be stale (the serial loop moves it on delivery)."""
+        entry = self.in_flight.get((int(src), int(dst), kind))
+        r, k = self.step_tag
+        if entry is not None and entry[0] == (r, k - 1):
+            raise RuntimeError(f"codec {self.codecs.spec_for(kind, direction)}: node {src} sends {kind!r} to node "
+                               f"{dst} in two consecutive steps, and node {dst} lives in another worker, whose "
+                               f"acknowledgement of the first arrives after the second is encoded; run this "
+                               f"algorithm with engine.workers = 1 and executor = \"serial\", or use ef(...)")
 
     def _encode(self, round: int, src: int, index: int, dsts: tuple[int, ...], msg: Message,
                 direction: str, bcast: bool) -> Transfer:

@@ -20,9 +20,6 @@ Refused (:class:`~lowband.config.ConfigError`, the CLI's exit status 2):
   change shape or coordinates between rounds (``Algorithm.unaligned_kinds``: FedCSPACK's
   packs, DisPFL's masked values, FedSPU's sub-models, FedMD's alignment logits, NTK-DFL's
   per-example payloads);
-- ``ef21(...)`` with ``executor = "ray"`` or ``engine.workers > 1``: its two estimates
-  of a link move together on delivery, which the serial round loop alone sees at both
-  ends (``workers = "auto"`` then runs serially).
 
 Warned once per run (:class:`LowbandWarning`, by :class:`TrafficWatch` reading the
 ledger after each evaluated round):
@@ -94,42 +91,6 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
     if exp.eval.protocols:
         _check_protocols(alg, exp.eval.protocols, has_local_test=exp.data.split[2] > 0)
     _check_codec_state(exp, alg)
-    _check_ef21(exp)
-
-
-def ef21_specs(exp: Experiment) -> list[tuple[str, str]]:
-    """The ``(config key, spec)`` of every ``[comm]`` codec that keeps receiver state (``ef21``)."""
-    from lowband.comm.codecs import parse_codec
-    from lowband.comm.memory import has_receiver_state
-
-    comm = exp.comm
-    out = []
-    for key, spec in [("comm.codec", comm.codec), *((f"comm.by_kind.{k}", v) for k, v in comm.by_kind.items()),
-                      *((f"comm.by_direction.{k}", v) for k, v in comm.by_direction.items())]:
-        try:
-            if has_receiver_state(parse_codec(spec)):
-                out.append((key, spec))
-        except ValueError:
-            continue  # a bad spec is reported by the codec check with its own line
-    return out
-
-
-def _check_ef21(exp: Experiment) -> None:
-    """Refuse ``ef21(...)`` where the sender's estimate and the receiver's mirror would live
-    in different processes (Ray shards, worker processes): they move together on accepted
-    delivery, which only the serial round loop sees at both ends."""
-    found = ef21_specs(exp)
-    if not found:
-        return
-    key, spec = found[0]
-    workers = exp.engine.workers
-    where = ("executor = \"ray\"" if exp.executor == "ray"
-             else f"engine.workers = {workers}" if workers != "auto" and int(workers) > 1 else None)
-    if where is not None:
-        raise ConfigError(f"{key}: {spec!r} (EF21) moves the sender's estimate and the receiver's copy together on "
-                          f"delivery, which only the serial round loop does, not {where}; use executor = \"serial\" "
-                          f"with engine.workers = 1, or ef(...) (sender-side error feedback, e.g. "
-                          f"{spec.strip().replace('ef21(', 'ef(', 1)})")
 
 
 def _check_codec_state(exp: Experiment, alg: Any) -> None:

@@ -47,7 +47,7 @@ import ray
 import torch
 
 from lowband.algorithms.base import Step
-from lowband.comm.network import CodecConfig
+from lowband.comm.network import Ack, CodecConfig
 from lowband.comm.validate import ValidationPolicy
 from lowband.engine.executor import NodeEnv, SerialExecutor
 from lowband.engine.rounds import Late, Place, PutCache, ShardedExecutor, Summary
@@ -156,19 +156,20 @@ class RayExecutor(ShardedExecutor):
 
     def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
                     policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
-                    first: bool, last: bool) -> list[Summary]:
+                    first: bool, last: bool, acks: list[Ack]) -> list[Summary]:
         """One step on every shard; the bundles for the other shards stay in the object
         store (the driver passes references) until the next step."""
         w = self.num_workers
         spec, plan_ref = self._spec(step.fn), self._plan(plan)
         actors = self._split(step.actors)
         prev = self._bundles if not first and self._bundles is not None else [[None] * w for _ in range(w)]
+        per = self._acks_per_place(acks)
         outs = []
         for j, worker in enumerate(self.workers):
             incoming = [prev[i][j] for i in range(w) if i != j]
             outs.append(worker.step.options(num_returns=w + 1).remote(
                 spec, round, plan_ref, step.name, actors[j], codecs, seed, policy, faults, late, first, last,
-                *incoming))
+                per[j], *incoming))
         self._bundles = None if last else [list(o[1:]) for o in outs]
         return ray.get([o[0] for o in outs])
 

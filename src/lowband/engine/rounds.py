@@ -38,9 +38,21 @@ deadline clock, whose late (message, receiver) pairs the next step does not deli
 Metrics, ledger, states and codec states are therefore byte-identical across backends
 (given the same torch thread count per step call).
 
+**EF21 acknowledgements.** ``ef21(...)`` moves the sender's estimate and the receiver's
+mirror together when the receiver accepts a message. When both live in one place the
+place's network does it at once; otherwise the receiver's place moves the mirror and
+reports an ack (:data:`~lowband.comm.network.Ack`) in its step summary, the loop passes
+each ack to its sender's place with the next step (applied before that step encodes
+anything) and, for the round's last deliveries, in :meth:`Backend.apply_acks` before the
+round ends (so a checkpoint holds equal copies). The serial loop moves the sender's
+estimate on delivery, the ack one step later: still before the sender's next message on
+that link, unless it sends on the link in two consecutive steps, which the network
+refuses (a RuntimeError naming the link) rather than encode against a stale estimate.
+
 A backend implements ``step_places(step, round, plan, codecs, seed, policy, faults,
-late, first, last) -> [(records, refusals, divergences) per place]`` plus the executor
-protocol (``init_states``, ``run_step``, ``map_nodes``, ``state_dict`` ...).
+late, first, last, acks) -> [(records, refusals, divergences, acks) per place]`` and
+``apply_acks(codecs, seed, policy, acks)`` plus the executor protocol (``init_states``,
+``run_step``, ``map_nodes``, ``state_dict`` ...).
 :class:`ShardedExecutor` implements all of it over ``W`` places given two transport
 methods (``_submit`` a call to a place, ``_wait`` for results) and ``_put`` (ship a
 read-only argument once).
@@ -58,7 +70,7 @@ import torch
 
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, State, Step
 from lowband.comm.ledger import Ledger
-from lowband.comm.network import CodecConfig, Network
+from lowband.comm.network import Ack, CodecConfig, Network
 from lowband.comm.validate import ExpectedShapes, InvalidMessageError, Rejection, ValidationPolicy, Validator
 from lowband.engine.executor import NodeEnv, SerialExecutor, ServerData
 from lowband.faults import NO_FAULTS, RoundFaults
@@ -72,8 +84,8 @@ __all__ = ["Place", "RoundLoop", "ShardedExecutor", "place_of", "send", "deliver
 Item = tuple[tuple[int, int], tuple[int, ...], Any, Optional[dict[str, torch.Tensor]], str]
 # a ledger record: (src, item index, receivers, direction, kind, encoded bytes, declared bytes)
 Record = tuple[int, int, tuple[int, ...], str, str, int, int]
-# what one place reports of one step: (records, refusals, divergences (round, node))
-Summary = tuple[list[Record], list[Rejection], list[tuple[int, int]]]
+# what one place reports of one step: (records, refusals, divergences (round, node), EF21 acks)
+Summary = tuple[list[Record], list[Rejection], list[tuple[int, int]], list[Ack]]
 # (src, item index, receiver) pairs the [links] deadline keeps from being delivered
 Late = frozenset[tuple[int, int, int]]
 
@@ -197,6 +209,8 @@ class Place:
         self._network: Optional[tuple[CodecConfig, int, Optional[ValidationPolicy], Network]] = None
         self._codec_home = codec_home
         self._codec_states: dict[int, dict[str, Any]] = {}
+        self._in_flight: dict = {}  # EF21 messages to other places awaiting their ack (Network.in_flight)
+        self._k = 0  # index of the current step in its round
 
     # -- hooks of a transport (identity in-process) ------------------------------------------
     def get(self, ref: Any) -> Any:
@@ -242,7 +256,18 @@ class Place:
             self._network = (codecs, seed, policy, Network(codecs, Ledger(), seed, validator=validator, device=device))
         net = self._network[3]
         net.codec_states = self.codec_states
+        net.in_flight = self._in_flight
+        if self.num_places > 1:
+            n, w, here = self.num_nodes, self.num_places, self.index
+            net.remote = lambda node: place_of(node, n, w) != here
         return net
+
+    def apply_acks(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy],
+                   acks: list[Ack]) -> None:
+        """Move this place's senders' EF21 estimates by the acks of their receivers
+        (:meth:`Network.apply_acks`)."""
+        if acks:
+            self._net(codecs, seed, policy).apply_acks(acks)
 
     def fn(self, spec: Any) -> Callable:
         """A step function from its :func:`fn_spec` (a callable is used as it is)."""
@@ -279,13 +304,20 @@ class Place:
     # -- work --------------------------------------------------------------------------------
     def step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
              codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy], faults: RoundFaults,
-             late: Late, first: bool, last: bool, *incoming: Optional[list[Item]]) -> tuple:
-        """Deliver the previous step's messages, run ``actors``' step, encode their outboxes.
-        Returns ``((records, refusals, divergences), bundle for place 0, ..., for place W-1)``."""
+             late: Late, first: bool, last: bool, acks: Optional[list[Ack]] = None,
+             *incoming: Optional[list[Item]]) -> tuple:
+        """Apply the EF21 acks for this place's senders, deliver the previous step's
+        messages, run ``actors``' step, encode their outboxes. Returns
+        ``((records, refusals, divergences, acks), bundle for place 0, ..., for place W-1)``."""
         if first:
             self._local = []
+        self._k = 0 if first else self._k + 1
         net = self._net(codecs, seed, policy)
         net.rejections = []
+        net.acks = []
+        if acks:
+            net.apply_acks(acks)
+        net.step_tag = (int(round), self._k)
         items = [*self._local, *(it for b in incoming if b for it in b)]
         self._local = []
         inboxes = deliver(net, round, items, faults, late, self.fetch)
@@ -297,7 +329,7 @@ class Place:
         records, self._local, bundles = send(
             net, round, outboxes, here=self.index, num_places=self.num_places, last=last, share=self.share,
             where=lambda d: place_of(d, self.num_nodes, self.num_places))
-        return ((records, net.rejections, diverged), *[b or None for b in bundles])
+        return ((records, net.rejections, diverged, net.acks), *[b or None for b in bundles])
 
     def run_step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
                  inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
@@ -314,7 +346,10 @@ class Place:
 class Backend(Protocol):
     def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
                     policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
-                    first: bool, last: bool) -> list[Summary]: ...
+                    first: bool, last: bool, acks: list[Ack]) -> list[Summary]: ...
+
+    def apply_acks(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy],
+                   acks: list[Ack]) -> None: ...
 
 
 class LocalPlace:
@@ -326,9 +361,13 @@ class LocalPlace:
 
     def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
                     policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
-                    first: bool, last: bool) -> list[Summary]:
+                    first: bool, last: bool, acks: list[Ack]) -> list[Summary]:
         return [self.place.step(step.fn, round, plan, step.name, list(step.actors), codecs, seed, policy,
-                                faults, late, first, last)[0]]
+                                faults, late, first, last, acks)[0]]
+
+    def apply_acks(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy],
+                   acks: list[Ack]) -> None:
+        self.place.apply_acks(codecs, seed, policy, acks)
 
 
 class RoundLoop:
@@ -346,9 +385,11 @@ class RoundLoop:
         policy = net.validator.policy if net.validator is not None else None
         late: Late = frozenset()
         diverged: list[tuple[int, int]] = []
+        acks: list[Ack] = []  # EF21 acks of the deliveries of the previous step, for their senders
         for k, step in enumerate(steps):
             parts = self.backend.step_places(step, round, plan, net.codecs, net.seed, policy, faults, late,
-                                             k == 0, k == len(steps) - 1)
+                                             k == 0, k == len(steps) - 1, acks)
+            acks = sorted((a for part in parts for a in part[3]), key=lambda a: (a[0], a[1], a[2]))
             # refusals of the messages delivered at the start of step k (sent in step k-1)
             refusals = sorted((x for part in parts for x in part[1]), key=lambda x: (x.src, x.dst, x.reason, x.kind))
             if refusals and policy is not None and policy.on_invalid == "abort":
@@ -358,6 +399,8 @@ class RoundLoop:
             records = sorted((r for part in parts for r in part[0]), key=lambda r: (r[0], r[1]))
             append_records(net.ledger, round, records)
             late = late_links(clock, records) if clock is not None else frozenset()
+        if acks:  # the round's last deliveries: both copies equal before the round ends
+            self.backend.apply_acks(net.codecs, net.seed, policy, acks)
         return diverged
 
 
@@ -418,15 +461,31 @@ class ShardedExecutor:
     # -- the round (see RoundLoop) ------------------------------------------------------------
     def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
                     policy: Optional[ValidationPolicy], faults: RoundFaults, late: Late,
-                    first: bool, last: bool) -> list[Summary]:
+                    first: bool, last: bool, acks: list[Ack]) -> list[Summary]:
         w = self.num_workers
         spec, plan_a = self._spec(step.fn), self._plan(plan)
         actors = self._split(step.actors)
         prev = self._bundles if not first and self._bundles is not None else [[None] * w for _ in range(w)]
+        per = self._acks_per_place(acks)
         outs = self._all("step", [(spec, round, plan_a, step.name, actors[j], codecs, seed, policy, faults, late,
-                                   first, last, *[prev[i][j] for i in range(w) if i != j]) for j in range(w)])
+                                   first, last, per[j], *[prev[i][j] for i in range(w) if i != j])
+                                  for j in range(w)])
         self._bundles = None if last else [list(o[1:]) for o in outs]
         return [o[0] for o in outs]
+
+    def _acks_per_place(self, acks: list[Ack]) -> list[Optional[list[Ack]]]:
+        """Each EF21 ack goes to the place of its sender (None: no acks for that place)."""
+        per: list[Optional[list[Ack]]] = [None] * self.num_workers
+        for a in acks:
+            j = self.shard(a[0])
+            per[j] = (per[j] or []) + [a]
+        return per
+
+    def apply_acks(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy],
+                   acks: list[Ack]) -> None:
+        """Deliver the round's last EF21 acks to their senders' places (before a checkpoint)."""
+        per = self._acks_per_place(acks)
+        self._wait([self._submit(j, "apply_acks", codecs, seed, policy, a) for j, a in enumerate(per) if a])
 
     # -- the executor protocol ------------------------------------------------------------------
     def init_states(self, plan: RoundPlan) -> None:

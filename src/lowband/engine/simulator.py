@@ -293,9 +293,8 @@ class Simulation:
                        "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
         else:
             #: worker processes of the round ([engine] workers; 1: this process, serially)
-            # a GPU run stays in this process, and so does EF21 (both ends of a link in one loop)
-            auto_ok = (is_cpu(self.device) and not checks.ef21_specs(exp)
-                       and (exp.engine.workers != "auto" or self.alg.auto_workers))
+            # a GPU run stays in this process
+            auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
             self.workers = 1 if not auto_ok else resolve_workers(
                 exp.engine.workers, exp.threads, self.num_nodes, self.model_size,
                 sum(int(nd.n_train) for nd in self.fed.nodes))
