@@ -186,3 +186,26 @@ def test_ray_config_keys_are_validated() -> None:
         validate({"executor": "ray", "ray_address": "auto", "ray_num_cpus": 4})
     with pytest.raises(ConfigError, match="ray_workers"):
         validate({"executor": "ray", "ray_workers": 0})
+
+
+@needs_ray
+def test_an_interrupted_ray_run_stops_its_actors(tmp_path: Path, ray_runtime) -> None:
+    """An error mid-run stops the run's Ray actors (they hold the runtime's CPUs: a second
+    run in the same process would wait for them), and the checkpoint resumes."""
+    class _Stop(Exception):
+        pass
+
+    def boom(r: int, total: int, rec: dict) -> None:
+        if r == 1:
+            raise _Stop
+
+    cfg = digits_config(tmp_path / "cut", "fedavg", rounds=2)
+    cfg.update(executor="ray", ray_workers=2)
+    sim = Simulation(validate(cfg), progress=boom)
+    assert len(sim.executor.workers) == 2
+    with pytest.raises(_Stop):
+        sim.run()
+    assert sim.executor.workers == []
+    resumed = _run(cfg, resume=True)  # would wait forever for the 2 CPUs if the actors lived
+    assert len(resumed.result.metrics) >= 2
+    resumed.executor.close()

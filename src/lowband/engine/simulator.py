@@ -416,6 +416,21 @@ class Simulation:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Run the rounds (from the checkpoint with ``resume``) and return the result. A run
+        interrupted by an error or a signal stops its Ray actors before the error propagates:
+        they would otherwise hold the runtime's CPUs, and a later run in the same process
+        (a notebook) would wait for them forever. Its checkpoint is what ``--resume`` reads."""
+        try:
+            return self._run()
+        except BaseException:
+            if self.exp.executor == "ray":
+                try:
+                    self.executor.close()
+                except Exception:  # pragma: no cover - never mask the interrupting error
+                    pass
+            raise
+
+    def _run(self) -> RunResult:
         exp = self.exp
         log = RunLog.open(exp, resume=self.resume) if self.write else None
         start = 0
