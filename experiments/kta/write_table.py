@@ -70,6 +70,36 @@ def mean_sd(vals: list[float]) -> str:
     return f"{100 * statistics.mean(vals):.2f} +- {100 * statistics.stdev(vals):.2f} (n={len(vals)})"
 
 
+KEPT = " (kept from the previous table: run folder not found)"
+
+
+def keep_previous(new: list[str], old_text: str) -> list[str]:
+    """Rows that read "not run" now but had values in the previous table keep those values.
+
+    Run folders are not committed, so a rerun of this script on a clean checkout (or after
+    ``runs/`` was cleaned) would otherwise blank results that were measured. A row is matched
+    by its section heading and first cell; a kept row says so in its last cell. Sums and
+    ratios below a table are computed from the runs found only.
+    """
+    old: dict[tuple[str, str], str] = {}
+    section = ""
+    for line in old_text.splitlines():
+        if line.startswith("## "):
+            section = line
+        elif line.startswith("| "):
+            old[(section, line.split("|")[1].strip())] = line
+    out, section = [], ""
+    for line in new:
+        if line.startswith("## "):
+            section = line
+        elif line.startswith("| ") and "| not run |" in line:
+            prev = old.get((section, line.split("|")[1].strip()))
+            if prev is not None and "| not run |" not in prev:
+                line = prev if KEPT in prev else prev.rstrip().removesuffix("|").rstrip() + KEPT + " |"
+        out.append(line)
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(ROOT / "runs"))
@@ -225,6 +255,8 @@ def main(argv: Optional[list[str]] = None) -> int:
           "N_ref = 200, E = E_d = 1; the summary's 57.7% is a full run, not comparable).", ""]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_file():
+        L = keep_previous(L, out.read_text())
     out.write_text("\n".join(L) + "\n")
     print("\n".join(L))
     print(f"wrote {out}", file=sys.stderr)
