@@ -1,0 +1,138 @@
+"""``node_global`` for many MLP nodes at once: one wide matrix product per block of nodes.
+
+``node_global`` scores every node's model on the global test set (300 models x 10,000
+samples for the DFedAvg baseline, 478 GFLOP a round). One node at a time, the first layer
+is a ``[batch, 784] x [784, 100]`` product: too narrow to run at the core's matmul rate.
+Here the first-layer weights of a *block* of :data:`NODE_BLOCK` nodes are laid side by
+side (``W1_block``: ``[784, NODE_BLOCK * 100]``), so each test batch costs one wide product
+``X @ W1_block``; the later layers run as one batched product per block
+(``baddbmm`` over the nodes). Each node's logits are then scored exactly as
+:func:`lowband.train.evaluate` scores them (mean cross-entropy, accuracy).
+
+**Same bits on every backend.** A block is fixed by node ids (``node // NODE_BLOCK``) and a
+node always sits in column block ``node % NODE_BLOCK`` (absent nodes' columns are zero),
+so the products have the same shapes and a node's columns the same place whether one
+process holds all nodes or a worker holds a part of the block: the serial path and the
+worker pool give byte-identical metrics (tests/test_pool.py). Against the per-node path the
+logits differ by float rounding only (tests/test_node_eval.py).
+
+Used for models :func:`lowband.engine.cohort.mlp_layers` recognises (lowband's ``MLP``
+and ``LogReg``); any other node takes the per-node path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lowband.engine.cohort import mlp_layers
+
+__all__ = ["NODE_BLOCK", "blockable", "map_many", "node_global_one", "stacked_logits"]
+
+#: nodes per block: 32 x 100 hidden units make a [784, 3200] first layer (10 MB), wide
+#: enough for the matmul rate and small enough to stay out of the way (memory)
+NODE_BLOCK = 32
+
+
+def stacked_logits(layers: list[tuple[str, str]], params: Sequence[Optional[dict[str, torch.Tensor]]],
+                   x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Logits ``[len(params), len(x), classes]`` of a block of Linear-ReLU stacks (``None``:
+    an absent node, zero weights) on ``x``, ``batch_size`` rows at a time."""
+    G = len(params)
+    ref = next(p for p in params if p is not None)
+    w0 = ref[layers[0][0]]
+    H, D = int(w0.shape[0]), int(w0.shape[1])
+    # first layer side by side: [D, G * H]; the others stacked per node: [G, in, out]
+    W1 = torch.zeros(D, G * H, dtype=w0.dtype, device=w0.device)
+    b1 = torch.zeros(G * H, dtype=w0.dtype, device=w0.device)
+    rest: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for g, p in enumerate(params):
+        if p is not None:
+            W1[:, g * H:(g + 1) * H] = p[layers[0][0]].t()
+            b1[g * H:(g + 1) * H] = p[layers[0][1]]
+    for w, b in layers[1:]:
+        wr = ref[w]
+        Wl = torch.zeros(G, int(wr.shape[1]), int(wr.shape[0]), dtype=wr.dtype, device=wr.device)
+        bl = torch.zeros(G, 1, int(wr.shape[0]), dtype=wr.dtype, device=wr.device)
+        for g, p in enumerate(params):
+            if p is not None:
+                Wl[g] = p[w].t()
+                bl[g, 0] = p[b]
+        rest.append((Wl, bl))
+    x2 = x.reshape(x.shape[0], -1)
+    n = int(x2.shape[0])
+    C = int(rest[-1][0].shape[2]) if rest else H
+    out = torch.empty(G, n, C, dtype=w0.dtype, device=w0.device)
+    with torch.no_grad():
+        for r in range(0, n, batch_size):
+            xb = x2[r:r + batch_size]
+            z = torch.addmm(b1, xb, W1)  # [c, G * H]
+            if not rest:  # a single layer (LogReg): the logits
+                out[:, r:r + xb.shape[0]] = z.view(-1, G, H).transpose(0, 1)
+                continue
+            a = z.relu_().view(-1, G, H).transpose(0, 1)  # [G, c, H]
+            for i, (Wl, bl) in enumerate(rest):
+                a = torch.baddbmm(bl, a, Wl)
+                if i < len(rest) - 1:
+                    a = a.relu_()
+            out[:, r:r + xb.shape[0]] = a
+    return out
+
+
+def _score(lg: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of one node's logits, as lowband.train.evaluate."""
+    return float((lg.argmax(1) == y).float().mean()), float(F.cross_entropy(lg, y, reduction="mean"))
+
+
+def blockable(model: torch.nn.Module, params: Optional[dict[str, torch.Tensor]],
+              y: torch.Tensor) -> Optional[list[tuple[str, str]]]:
+    """The layers of ``model`` when its node can be scored in a block (see the module
+    docstring), else None."""
+    layers = mlp_layers(model)
+    if layers is None or params is None or int(y.shape[0]) == 0:
+        return None
+    if set(params) != {k for k, _ in model.named_parameters()}:
+        return None
+    return layers
+
+
+def node_global_one(model: torch.nn.Module, node: int, params: dict[str, torch.Tensor],
+                    test: tuple[torch.Tensor, torch.Tensor], bs: int) -> Optional[tuple[float, float]]:
+    """One node's ``(accuracy, loss)`` computed in its block slot (the other slots empty),
+    so that a backend scoring nodes one by one (the Flower client) gets the bits of the
+    blocked path; None where the model is not blockable. Costs a block's products for one
+    node (``NODE_BLOCK`` x the FLOPs): for single calls only."""
+    layers = blockable(model, params, test[1])
+    if layers is None:
+        return None
+    slots: list[Optional[dict[str, torch.Tensor]]] = [None] * NODE_BLOCK
+    slots[node % NODE_BLOCK] = params
+    return _score(stacked_logits(layers, slots, test[0], bs)[node % NODE_BLOCK], test[1])
+
+
+def map_many(ex: Any, nodes: Sequence[int], round: int, plan: Any, per_node: Callable[..., Any],
+             params_of: Callable[[Any], Optional[dict[str, torch.Tensor]]], test: tuple[torch.Tensor, torch.Tensor],
+             bs: int) -> dict[int, tuple[float, float]]:
+    """``{node: (accuracy, loss)}`` on ``test`` for ``nodes`` of executor ``ex`` (a serial
+    executor or a worker's), the MLP nodes in blocks (:func:`stacked_logits`), the others
+    with ``per_node(ctx, state)``."""
+    x, y = test
+    out: dict[int, tuple[float, float]] = {}
+    blocks: dict[tuple[str, int], list[int]] = {}
+    for n in nodes:
+        if blockable(ex.model_for(n), params_of(ex.states[n]), y) is None:
+            out[n] = per_node(ex.context(n, round, plan), ex.states[n])
+        else:
+            blocks.setdefault((ex.env.model_key(n), n // NODE_BLOCK), []).append(n)
+    for members in blocks.values():
+        layers = mlp_layers(ex.model_for(members[0]))
+        assert layers is not None
+        slots: list[Optional[dict[str, torch.Tensor]]] = [None] * NODE_BLOCK
+        for n in members:
+            slots[n % NODE_BLOCK] = params_of(ex.states[n])
+        logits = stacked_logits(layers, slots, x, bs)
+        for n in members:
+            out[n] = _score(logits[n % NODE_BLOCK], y)
+    return {n: out[n] for n in nodes}
