@@ -431,6 +431,7 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
     pending: dict[int, tuple[Any, Any, list, SGDJob, torch.Tensor]] = {}
     groups: dict[tuple, list[int]] = {}
     done: dict[int, tuple[Any, "Outbox"]] = {}
+    diverged: set[int] = set()
     for node in step.actors:
         torch.manual_seed(derive_seed(env.seed, "torch", round, node, step.name))
         ctx = executor.context(node, round, plan)
@@ -441,34 +442,32 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
             params, stats = job.run(ctx.model)
             done[node] = finish(ctx, state, inbox, params, stats)
             if diverged_count() != before:
-                executor.diverged.append((round, node))
+                diverged.add(node)
             continue
         pending[node] = (ctx, state, inbox, job, torch.get_rng_state())
         groups.setdefault(_group_key(job, env.model_key(node)), []).append(node)
-    trained: dict[int, tuple[Params, TrainStats]] = {}
+    for node in list(done):  # the per-node path's nodes: their new states now
+        executor.states[node] = done[node][0]
     for members in groups.values():
         model = pending[members[0]][0].model
         size = cohort_size(model, pending[members[0]][3].x.device)
         for i in range(0, len(members), size):
             chunk = members[i : i + size]
-            for node, res in zip(chunk, train_cohort(model, [pending[n][3] for n in chunk])):
-                trained[node] = res
-    for node in step.actors:
-        if node not in pending:
-            continue
-        ctx, state, inbox, _, rng = pending[node]
-        torch.set_rng_state(rng)  # where the step's own path would be after training
-        params, stats = trained[node]
-        before = diverged_count()
-        if stats.samples and not math.isfinite(stats.loss):
-            note_divergence()
-        done[node] = finish(ctx, state, inbox, params, stats)
-        if diverged_count() != before:
-            executor.diverged.append((round, node))
-    out: dict[int, "Outbox"] = {}
-    for node in step.actors:
-        executor.states[node], out[node] = done[node]
-    return out
+            for node, (params, stats) in zip(chunk, train_cohort(model, [pending[n][3] for n in chunk])):
+                # finished at once: the node's old state and its job are dropped before the
+                # next cohort trains (memory: two sets of all nodes' weights are never held)
+                ctx, state, inbox, _, rng = pending.pop(node)
+                torch.set_rng_state(rng)  # where the step's own path would be after training
+                before = diverged_count()
+                if stats.samples and not math.isfinite(stats.loss):
+                    note_divergence()
+                done[node] = finish(ctx, state, inbox, params, stats)
+                if diverged_count() != before:
+                    diverged.add(node)
+                executor.states[node] = done[node][0]
+                del ctx, state, inbox, params
+    executor.diverged.extend((round, n) for n in step.actors if n in diverged)
+    return {node: done[node][1] for node in step.actors}
 
 
 def vectorised(fn: Callable[..., Any]) -> bool:

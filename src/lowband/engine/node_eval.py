@@ -6,8 +6,9 @@ is a ``[batch, 784] x [784, 100]`` product: too narrow to run at the core's matm
 Here the first-layer weights of a *block* of :data:`NODE_BLOCK` nodes are laid side by
 side (``W1_block``: ``[784, NODE_BLOCK * 100]``), so each test batch costs one wide product
 ``X @ W1_block``; the later layers run as one batched product per block
-(``baddbmm`` over the nodes). Each node's logits are then scored exactly as
-:func:`lowband.train.evaluate` scores them (mean cross-entropy, accuracy).
+(``baddbmm`` over the nodes, the last one giving the logits classes-first). Each node is
+then scored as :func:`lowband.train.evaluate` scores it (mean cross-entropy, accuracy),
+along the samples.
 
 **Same bits on every backend.** A block is fixed by node ids (``node // NODE_BLOCK``) and a
 node always sits in column block ``node % NODE_BLOCK`` (absent nodes' columns are zero),
@@ -25,7 +26,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from lowband.engine.cohort import mlp_layers
 
@@ -38,52 +38,58 @@ NODE_BLOCK = 32
 
 def stacked_logits(layers: list[tuple[str, str]], params: Sequence[Optional[dict[str, torch.Tensor]]],
                    x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Logits ``[len(params), len(x), classes]`` of a block of Linear-ReLU stacks (``None``:
-    an absent node, zero weights) on ``x``, ``batch_size`` rows at a time."""
+    """Logits ``[len(params), classes, len(x)]`` (classes first: the scoring then runs along
+    the samples, the long contiguous axis) of a block of Linear-ReLU stacks (``None``: an
+    absent node, zero weights) on ``x``, ``batch_size`` rows at a time."""
     G = len(params)
     ref = next(p for p in params if p is not None)
     w0 = ref[layers[0][0]]
     H, D = int(w0.shape[0]), int(w0.shape[1])
-    # first layer side by side: [D, G * H]; the others stacked per node: [G, in, out]
+    # first layer side by side: [D, G * H]; hidden layers stacked [G, in, out]; the last
+    # one [G, out, in] (it makes the logits transposed)
     W1 = torch.zeros(D, G * H, dtype=w0.dtype, device=w0.device)
     b1 = torch.zeros(G * H, dtype=w0.dtype, device=w0.device)
-    rest: list[tuple[torch.Tensor, torch.Tensor]] = []
     for g, p in enumerate(params):
         if p is not None:
             W1[:, g * H:(g + 1) * H] = p[layers[0][0]].t()
             b1[g * H:(g + 1) * H] = p[layers[0][1]]
-    for w, b in layers[1:]:
+    rest: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for i, (w, b) in enumerate(layers[1:]):
+        last = i == len(layers) - 2
         wr = ref[w]
-        Wl = torch.zeros(G, int(wr.shape[1]), int(wr.shape[0]), dtype=wr.dtype, device=wr.device)
-        bl = torch.zeros(G, 1, int(wr.shape[0]), dtype=wr.dtype, device=wr.device)
+        o, k = int(wr.shape[0]), int(wr.shape[1])
+        Wl = torch.zeros(G, *((o, k) if last else (k, o)), dtype=wr.dtype, device=wr.device)
+        bl = torch.zeros(G, *((o, 1) if last else (1, o)), dtype=wr.dtype, device=wr.device)
         for g, p in enumerate(params):
             if p is not None:
-                Wl[g] = p[w].t()
-                bl[g, 0] = p[b]
+                Wl[g] = p[w] if last else p[w].t()
+                bl[g] = p[b].view(o, 1) if last else p[b].view(1, o)
         rest.append((Wl, bl))
     x2 = x.reshape(x.shape[0], -1)
     n = int(x2.shape[0])
-    C = int(rest[-1][0].shape[2]) if rest else H
-    out = torch.empty(G, n, C, dtype=w0.dtype, device=w0.device)
+    C = int(rest[-1][0].shape[1]) if rest else H
+    out = torch.empty(G, C, n, dtype=w0.dtype, device=w0.device)
     with torch.no_grad():
         for r in range(0, n, batch_size):
             xb = x2[r:r + batch_size]
-            z = torch.addmm(b1, xb, W1)  # [c, G * H]
+            c = int(xb.shape[0])
+            z = torch.addmm(b1, xb, W1).view(c, G, H)  # [c, G, H]
             if not rest:  # a single layer (LogReg): the logits
-                out[:, r:r + xb.shape[0]] = z.view(-1, G, H).transpose(0, 1)
+                out[:, :, r:r + c] = z.permute(1, 2, 0)
                 continue
-            a = z.relu_().view(-1, G, H).transpose(0, 1)  # [G, c, H]
-            for i, (Wl, bl) in enumerate(rest):
-                a = torch.baddbmm(bl, a, Wl)
-                if i < len(rest) - 1:
-                    a = a.relu_()
-            out[:, r:r + xb.shape[0]] = a
+            a = z.relu_().transpose(0, 1)  # [G, c, H]
+            for Wl, bl in rest[:-1]:
+                a = torch.baddbmm(bl, a, Wl).relu_()
+            Wl, bl = rest[-1]
+            out[:, :, r:r + c] = torch.baddbmm(bl, Wl, a.transpose(1, 2))  # [G, C, c]
     return out
 
 
 def _score(lg: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of one node's logits, as lowband.train.evaluate."""
-    return float((lg.argmax(1) == y).float().mean()), float(F.cross_entropy(lg, y, reduction="mean"))
+    """(accuracy, mean cross-entropy) of one node's transposed logits ``[classes, samples]``."""
+    lp = torch.log_softmax(lg, 0)
+    loss = -lp.gather(0, y.view(1, -1)).mean()
+    return float((lg.argmax(0) == y).float().mean()), float(loss)
 
 
 def blockable(model: torch.nn.Module, params: Optional[dict[str, torch.Tensor]],

@@ -27,6 +27,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import struct
 import traceback
 import types
 import weakref
@@ -78,16 +79,61 @@ def _mappingproxy(d: dict) -> types.MappingProxyType:
     return types.MappingProxyType(d)
 
 
+#: bytes objects at least this long (encoded messages, tensor storages) travel as frames of
+#: their own beside the pickle, not copied into it (memory and time: no second copy of a
+#: step's messages on either side of a pipe)
+_FRAME_BYTES = 1 << 16
+
+
 class _Pickler(pickle.Pickler):
     # round plans hold read-only mapping proxies, which plain pickle refuses
     dispatch_table = copyreg.dispatch_table.copy()
     dispatch_table[types.MappingProxyType] = lambda m: (_mappingproxy, (dict(m),))
 
+    def __init__(self, file: Any, frames: list[bytes]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.frames = frames
 
-def _dumps(obj: Any) -> bytes:
+    def persistent_id(self, obj: Any) -> Optional[int]:
+        if type(obj) is bytes and len(obj) >= _FRAME_BYTES:
+            self.frames.append(obj)
+            return len(self.frames) - 1
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, frames: list[bytes]):
+        super().__init__(file)
+        self.frames = frames
+
+    def persistent_load(self, pid: Any) -> bytes:
+        return self.frames[int(pid)]
+
+
+def _dumps(obj: Any) -> tuple[bytes, list[bytes]]:
+    """``obj`` pickled: the pickle (its first 8 bytes: how many frames follow) and the
+    large bytes objects it refers to, as they are."""
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+    buf.write(bytes(8))
+    frames: list[bytes] = []
+    _Pickler(buf, frames).dump(obj)
+    head = buf.getbuffer()
+    struct.pack_into("<Q", head, 0, len(frames))
+    del head
+    return buf.getvalue(), frames
+
+
+def _send(conn: Any, packed: tuple[bytes, list[bytes]]) -> None:
+    head, frames = packed
+    conn.send_bytes(head)
+    for f in frames:
+        conn.send_bytes(f)
+
+
+def _recv(conn: Any) -> Any:
+    head = conn.recv_bytes()
+    frames = [conn.recv_bytes() for _ in range(struct.unpack_from("<Q", head)[0])]
+    return _Unpickler(io.BytesIO(memoryview(head)[8:]), frames).load()
 
 
 class _Tok:
@@ -123,6 +169,9 @@ def release_free_memory() -> None:
 
 
 _LIBC: list[Any] = []
+#: the calls after which a worker trims its heap: those that make and drop many messages
+#: (evaluation calls allocate little, and there are many of them: trimming costs ~10 ms)
+_TRIM_AFTER = frozenset({"step", "run_step", "init_states", "set_states", "get_states"})
 
 
 def _libc() -> Any:
@@ -145,7 +194,7 @@ def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
     place = _WorkerPlace(SerialExecutor(env), index, num)
     while True:
         try:
-            msg = pickle.loads(conn.recv_bytes())
+            msg = _recv(conn)
         except (EOFError, OSError):
             return
         if msg is None:
@@ -166,15 +215,16 @@ def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
         except Exception as exc:  # an unpicklable result or exception
             data = _dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
         del out
-        conn.send_bytes(data)
+        _send(conn, data)
         del data
-        release_free_memory()
+        if method in _TRIM_AFTER:
+            release_free_memory()
 
 
 def _shutdown(conns: list[Any], procs: list[Any]) -> None:
     for c in conns:
         try:
-            c.send_bytes(_dumps(None))
+            _send(c, _dumps(None))
         except (OSError, ValueError):
             pass
     for p in procs:
@@ -263,14 +313,15 @@ class PoolExecutor(ShardedExecutor):
             raise ValueError(f"the worker pool ships each call to its workers by pickle, and this one cannot be "
                              f"pickled ({str(exc).splitlines()[0]}); define step and evaluation functions at module "
                              f"level, or set engine.workers = 1") from None
-        self._conns[j].send_bytes(data)
+        _send(self._conns[j], data)
+        del data
         return j
 
     def _wait(self, handles: list[int]) -> list[Any]:
         out, err = [], None
         for j in handles:
             try:
-                status, *rest = pickle.loads(self._conns[j].recv_bytes())
+                status, *rest = _recv(self._conns[j])
             except (EOFError, OSError):
                 raise RuntimeError(f"worker {j} (pid {self._procs[j].pid}) died (exit code "
                                    f"{self._procs[j].exitcode}); see its output above") from None
