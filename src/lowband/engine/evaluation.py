@@ -47,7 +47,7 @@ from lowband.engine.checks import LowbandWarning
 from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
-from lowband.train import evaluate, is_float, predict_logits, weighted_average
+from lowband.train import evaluate, is_float, predict_logits
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:

@@ -260,17 +260,19 @@ class PoolExecutor(ShardedExecutor):
         if frozen:
             gc.disable()
             gc.freeze()
-        for j in range(self.num_workers):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
-                               daemon=True, name=f"lowband-worker-{j}")
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        if frozen:
-            gc.unfreeze()
-            gc.enable()
+        try:
+            for j in range(self.num_workers):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
+                                   daemon=True, name=f"lowband-worker-{j}")
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        finally:
+            if frozen:
+                gc.unfreeze()
+                gc.enable()
         self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs)
         self._cache = PutCache(32)
         self._objs: dict[int, Any] = {}  # token -> object, while cached
