@@ -44,20 +44,40 @@ SETTINGS = [dict(), dict(momentum=0.9, weight_decay=1e-3), dict(momentum=0.9, ne
             dict(drop_last=True, max_steps=5)]
 
 
+def _seq() -> nn.Module:
+    """The same layers as _mlp() in an nn.Sequential: the vmap path (not hand-written)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def _seq_job(model: nn.Module, node: int, n: int, **kw) -> SGDJob:
+    job = _job(model, node, n, **kw)
+    names = [k for k, _ in model.named_parameters()]
+    job.params = dict(zip(names, job.params.values()))  # fc1.*, head.* -> 1.*, 3.*
+    return job
+
+
+@pytest.mark.parametrize("path", ["mlp", "vmap"])
 @pytest.mark.parametrize("kw", SETTINGS, ids=["plain", "momentum-wd", "nesterov-clip", "droplast-maxsteps"])
-def test_cohort_equals_per_node_sgd(kw: dict) -> None:
+def test_cohort_equals_per_node_sgd(kw: dict, path: str, monkeypatch) -> None:
     """Unequal data sizes (unequal step counts and last batches: 13 = 5+5+3, 3 < batch),
-    unequal epochs, an empty node: each node's parameters and stats are sgd_train's."""
-    model = _mlp()
+    unequal epochs, an empty node: each node's parameters and stats are sgd_train's, on
+    the hand-written MLP step (lowband's MLP) and on the vmap step (any other model)."""
+    model, job = (_mlp(), _job) if path == "mlp" else (_seq(), _seq_job)
+    used: list[str] = []
+    for name in ("_train_mlp", "_train_vmap"):
+        spy = (lambda f, n: lambda *a: used.append(n) or f(*a))(getattr(cohort, name), name)
+        monkeypatch.setattr(cohort, name, spy)
     specs = [(0, 13, {}), (1, 20, {}), (2, 3, {}), (3, 0, {}), (4, 11, {"epochs": 3}), (5, 7, {"epochs": 0})]
-    ref = [_job(model, i, n, **{**kw, **e}).run(model) for i, n, e in specs]
-    got = train_cohort(model, [_job(model, i, n, **{**kw, **e}) for i, n, e in specs])
+    ref = [job(model, i, n, **{**kw, **e}).run(model) for i, n, e in specs]
+    got = train_cohort(model, [job(model, i, n, **{**kw, **e}) for i, n, e in specs])
+    assert used == [f"_train_{path}"]  # the path under test ran (and only it)
     for (p_ref, s_ref), (p, s) in zip(ref, got):
         assert _close(p, p_ref), (kw, s_ref)
         assert (s.steps, s.samples) == (s_ref.steps, s_ref.samples)
         assert (math.isnan(s.loss) and math.isnan(s_ref.loss)) or abs(s.loss - s_ref.loss) < 1e-5
     # the check has teeth: training moved the parameters well beyond the tolerance
-    moved = max(float((got[0][0][k] - _job(model, 0, 13).params[k]).abs().max()) for k in got[0][0])
+    moved = max(float((got[0][0][k] - job(model, 0, 13).params[k]).abs().max()) for k in got[0][0])
     assert moved > 1e-2
 
 

@@ -42,11 +42,12 @@ import numpy as np
 import torch
 
 from lowband.algorithms.base import SERVER, Algorithm, NodeContext, State
+from lowband.engine import node_eval
 from lowband.engine.checks import LowbandWarning
 from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
-from lowband.train import evaluate, predict_logits, weighted_average
+from lowband.train import evaluate, is_float, predict_logits
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -153,6 +154,30 @@ class Evaluator:
         key = ex.env.model_key
         return len({key(n) for n in nodes}) == 1
 
+    def _average_of(self, nodes: Sequence[int], round: int, plan: RoundPlan) -> dict[str, torch.Tensor]:
+        """``weighted_average`` of ``nodes``' weights (uniform), gathered :data:`CONSENSUS_CHUNK`
+        nodes at a time: the same float32 additions in the same order, so the same bits."""
+        w = (torch.ones(len(nodes), dtype=torch.float64) / len(nodes)).tolist()
+        acc: dict[str, torch.Tensor] = {}
+        like: dict[str, torch.Tensor] = {}
+        i = 0
+        for start in range(0, len(nodes), CONSENSUS_CHUNK):
+            chunk = list(nodes[start:start + CONSENSUS_CHUNK])
+            got = self.ex.map_nodes(partial(_node_params, alg=self.alg), chunk, round, plan)
+            for n in chunk:
+                p = got.pop(n)
+                if not like:
+                    like = {k: v for k, v in p.items()}
+                    acc = {k: torch.zeros_like(v, dtype=torch.float32) if is_float(v) else v.clone()
+                           for k, v in p.items()}
+                for k, v in p.items():
+                    if is_float(like[k]):
+                        acc[k].add_(v.to(torch.float32), alpha=w[i])
+                    else:
+                        acc[k] = torch.maximum(acc[k], v)
+                i += 1
+        return {k: acc[k].to(like[k].dtype) if is_float(like[k]) else acc[k] for k in acc}
+
     def __call__(self, round: int, plan: RoundPlan) -> dict[str, float]:
         # Per-node work goes through module-level functions with explicit arguments (no
         # closures over this object), so a distributed executor ships each argument once
@@ -178,9 +203,12 @@ class Evaluator:
 
         if "consensus" in self.protocols:  # the average of ALL nodes' weights, whatever eval.nodes says
             everyone = range(self.num_nodes)
-            params = self.ex.map_nodes(partial(_node_params, alg=alg), everyone, round, plan)
-            have = [n for n in everyone if params[n] is not None]
-            keep = consensus_members({n: params[n] for n in have}, self.norm_factor)
+            # the nodes' norms first, then their weights summed in chunks (memory: the 300
+            # models of a DFedAvg run are not all gathered at once); the same sums, in the
+            # same order, as weighted_average over all of them
+            norms = self.ex.map_nodes(partial(_node_norm, alg=alg), everyone, round, plan)
+            have = [n for n in everyone if norms[n] is not None]
+            keep = consensus_members_by_norm({n: norms[n] for n in have}, self.norm_factor)
             if len(keep) < len(have):
                 out["consensus/excluded"] = len(have) - len(keep)
                 if not self._warned_excluded:
@@ -190,10 +218,14 @@ class Evaluator:
                                   f"{self.norm_factor} x the median node's); consensus/excluded counts them per round",
                                   LowbandWarning, stacklevel=2)
             if keep:
-                avg = weighted_average([params[n] for n in keep])
+                avg = self._average_of(keep, round, plan)
                 res = self.ex.map_nodes(partial(_eval_params, params=avg, test=test, bs=bs), [0], round, plan)[0]
                 out["consensus/acc"], out["consensus/loss"] = res[0], res[1]
         return out
+
+
+#: nodes whose weights one gather of the consensus average brings (see Evaluator._average_of)
+CONSENSUS_CHUNK = 32
 
 
 def _params_norm(p: dict[str, torch.Tensor]) -> float:
@@ -209,8 +241,12 @@ def consensus_members(params: dict[int, dict[str, torch.Tensor]], norm_factor: O
     """The nodes whose weights enter the consensus average: finite weights, and (with
     ``norm_factor``) a norm at most ``norm_factor`` x the median of the finite nodes' norms,
     the rule of the receivers' norm screen (lowband.comm.validate) applied to the models."""
-    norms = {n: _params_norm(p) for n, p in params.items()}
-    finite = [n for n in params if math.isfinite(norms[n])]
+    return consensus_members_by_norm({n: _params_norm(p) for n, p in params.items()}, norm_factor)
+
+
+def consensus_members_by_norm(norms: dict[int, float], norm_factor: Optional[float]) -> list[int]:
+    """:func:`consensus_members` from the nodes' weight norms (:func:`_params_norm`)."""
+    finite = [n for n in norms if math.isfinite(norms[n])]
     if not norm_factor or len(finite) < 3:
         return finite
     med = float(np.median([norms[n] for n in finite]))
@@ -275,6 +311,11 @@ def _node_params(ctx: NodeContext, s: State, alg: Algorithm) -> Optional[dict[st
     return alg.node_params(s)
 
 
+def _node_norm(ctx: NodeContext, s: State, alg: Algorithm) -> Optional[float]:
+    p = alg.node_params(s)
+    return None if p is None else _params_norm(p)
+
+
 def _eval_params(ctx: NodeContext, s: State, params: dict[str, torch.Tensor], test: Test, bs: int) -> tuple[float, float, int]:
     return evaluate(ctx.model, params, test[0], test[1], bs)
 
@@ -296,7 +337,18 @@ def _eval_node_global(ctx: NodeContext, s: State, alg: Algorithm, test: Test, bs
     params = alg.node_params(s)
     if params is None:
         return float("nan"), float("nan")
-    return evaluate(ctx.model, params, test[0], test[1], bs)[:2]
+    one = node_eval.node_global_one(ctx.model, ctx.node, params, test, bs)  # an MLP: its block's bits
+    return one if one is not None else evaluate(ctx.model, params, test[0], test[1], bs)[:2]
+
+
+def _eval_node_global_many(ex: Any, nodes: Sequence[int], round: int, plan: RoundPlan, alg: Algorithm, test: Test,
+                           bs: int) -> dict[int, tuple[float, float]]:
+    """``_eval_node_global`` for many nodes of one executor: MLPs in blocks (lowband.engine.node_eval)."""
+    return node_eval.map_many(ex, nodes, round, plan, partial(_eval_node_global, alg=alg, test=test, bs=bs),
+                              alg.node_params, test, bs)
+
+
+_eval_node_global.map_many = _eval_node_global_many  # type: ignore[attr-defined]
 
 
 def default_protocols(alg: Algorithm, fed: Any, requested: Optional[Sequence[str]]) -> list[str]:

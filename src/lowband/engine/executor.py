@@ -12,6 +12,7 @@ other processes and implement the same methods.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Protocol
 
@@ -31,6 +32,17 @@ def own_inbox(inboxes: dict[int, list[Envelope]], node: int) -> list[Envelope]:
     own copy only when its step runs, so the copies do not pile up and no receiver's writes
     reach another's."""
     return [Envelope(e.src, e.msg.clone()) if e.shared else e for e in inboxes.get(node, [])]
+
+
+def map_many(fn: Callable[..., Any]) -> Optional[Callable[..., Any]]:
+    """The batched form of a per-node function ``partial(f, **kw)`` whose ``f`` carries one
+    (``f.map_many(executor, nodes, round, plan, **kw) -> {node: result}``, the same results
+    as ``f`` per node, e.g. lowband.engine.node_eval), else None."""
+    if isinstance(fn, functools.partial) and not fn.args:
+        many = getattr(fn.func, "map_many", None)
+        if many is not None:
+            return functools.partial(many, **fn.keywords)
+    return None
 
 
 @dataclass
@@ -140,6 +152,9 @@ class SerialExecutor:
 
     def map_nodes(self, fn: Callable[[NodeContext, State], Any], nodes: Iterable[int],
                   round: int, plan: RoundPlan) -> dict[int, Any]:
+        many = map_many(fn)
+        if many is not None:  # a batched form over this executor's nodes (same results)
+            return many(self, list(nodes), round, plan)
         return {n: fn(self.context(n, round, plan), self.states[n]) for n in nodes}
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -22,10 +22,12 @@ serial path.
 from __future__ import annotations
 
 import copyreg
+import gc
 import io
 import multiprocessing as mp
 import os
 import pickle
+import struct
 import traceback
 import types
 import weakref
@@ -33,6 +35,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from lowband.algorithms.base import SERVER
 from lowband.engine.executor import NodeEnv, SerialExecutor
 from lowband.engine.rounds import Place, PutCache, ShardedExecutor
 from lowband.topology import RoundPlan
@@ -76,16 +79,61 @@ def _mappingproxy(d: dict) -> types.MappingProxyType:
     return types.MappingProxyType(d)
 
 
+#: bytes objects at least this long (encoded messages, tensor storages) travel as frames of
+#: their own beside the pickle, not copied into it (memory and time: no second copy of a
+#: step's messages on either side of a pipe)
+_FRAME_BYTES = 1 << 16
+
+
 class _Pickler(pickle.Pickler):
     # round plans hold read-only mapping proxies, which plain pickle refuses
     dispatch_table = copyreg.dispatch_table.copy()
     dispatch_table[types.MappingProxyType] = lambda m: (_mappingproxy, (dict(m),))
 
+    def __init__(self, file: Any, frames: list[bytes]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.frames = frames
 
-def _dumps(obj: Any) -> bytes:
+    def persistent_id(self, obj: Any) -> Optional[int]:
+        if type(obj) is bytes and len(obj) >= _FRAME_BYTES:
+            self.frames.append(obj)
+            return len(self.frames) - 1
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, frames: list[bytes]):
+        super().__init__(file)
+        self.frames = frames
+
+    def persistent_load(self, pid: Any) -> bytes:
+        return self.frames[int(pid)]
+
+
+def _dumps(obj: Any) -> tuple[bytes, list[bytes]]:
+    """``obj`` pickled: the pickle (its first 8 bytes: how many frames follow) and the
+    large bytes objects it refers to, as they are."""
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+    buf.write(bytes(8))
+    frames: list[bytes] = []
+    _Pickler(buf, frames).dump(obj)
+    head = buf.getbuffer()
+    struct.pack_into("<Q", head, 0, len(frames))
+    del head
+    return buf.getvalue(), frames
+
+
+def _send(conn: Any, packed: tuple[bytes, list[bytes]]) -> None:
+    head, frames = packed
+    conn.send_bytes(head)
+    for f in frames:
+        conn.send_bytes(f)
+
+
+def _recv(conn: Any) -> Any:
+    head = conn.recv_bytes()
+    frames = [conn.recv_bytes() for _ in range(struct.unpack_from("<Q", head)[0])]
+    return _Unpickler(io.BytesIO(memoryview(head)[8:]), frames).load()
 
 
 class _Tok:
@@ -109,18 +157,50 @@ class _WorkerPlace(Place):
         return self.cache[ref]
 
 
+def release_free_memory() -> None:
+    """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere). A step call frees hundreds of 0.3 MB message tensors between bigger
+    buffers; glibc keeps such holes resident (its mmap threshold rises after the first
+    large free), so a worker's memory would grow by that each step (measured: ~200 MB of
+    free heap per DFedAvg worker). Costs a few milliseconds per call."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+_LIBC: list[Any] = []
+#: the calls after which a worker trims its heap: those that make and drop many messages
+#: (evaluation calls allocate little, and there are many of them: trimming costs ~10 ms)
+_TRIM_AFTER = frozenset({"step", "run_step", "init_states", "set_states", "get_states"})
+
+
+def _libc() -> Any:
+    if not _LIBC:
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libc.so.6")
+            lib.malloc_trim  # noqa: B018 - glibc only
+            _LIBC.append(lib)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
 def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
     """A worker's loop: calls on its place, until the parent says stop (None) or goes."""
+    gc.enable()
     torch.set_num_threads(int(threads))
     place = _WorkerPlace(SerialExecutor(env), index, num)
     while True:
         try:
-            msg = pickle.loads(conn.recv_bytes())
+            msg = _recv(conn)
         except (EOFError, OSError):
             return
         if msg is None:
             return
         method, args, new, drop = msg
+        del msg  # the call owns its arguments (Place.step frees delivered bytes as it decodes)
         place.cache.update(new)
         for t in drop:
             place.cache.pop(t, None)
@@ -129,17 +209,22 @@ def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
             out: tuple = ("ok", getattr(place, method)(*args))
         except Exception as exc:  # reported to the parent, which raises it
             out = ("err", exc, traceback.format_exc())
+        del args
         try:
             data = _dumps(out)
         except Exception as exc:  # an unpicklable result or exception
             data = _dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
-        conn.send_bytes(data)
+        del out
+        _send(conn, data)
+        del data
+        if method in _TRIM_AFTER:
+            release_free_memory()
 
 
 def _shutdown(conns: list[Any], procs: list[Any]) -> None:
     for c in conns:
         try:
-            c.send_bytes(_dumps(None))
+            _send(c, _dumps(None))
         except (OSError, ValueError):
             pass
     for p in procs:
@@ -169,14 +254,25 @@ class PoolExecutor(ShardedExecutor):
         ctx = mp.get_context(method)
         self._conns: list[Any] = []
         self._procs: list[Any] = []
-        for j in range(self.num_workers):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
-                               daemon=True, name=f"lowband-worker-{j}")
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        # forked workers share the parent's pages until written; the collector would write
+        # to every object header it visits (memory: gc.freeze, as Python's docs advise)
+        frozen = method == "fork" and gc.isenabled()
+        if frozen:
+            gc.disable()
+            gc.freeze()
+        try:
+            for j in range(self.num_workers):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
+                                   daemon=True, name=f"lowband-worker-{j}")
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        finally:
+            if frozen:
+                gc.unfreeze()
+                gc.enable()
         self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs)
         self._cache = PutCache(32)
         self._objs: dict[int, Any] = {}  # token -> object, while cached
@@ -219,14 +315,15 @@ class PoolExecutor(ShardedExecutor):
             raise ValueError(f"the worker pool ships each call to its workers by pickle, and this one cannot be "
                              f"pickled ({str(exc).splitlines()[0]}); define step and evaluation functions at module "
                              f"level, or set engine.workers = 1") from None
-        self._conns[j].send_bytes(data)
+        _send(self._conns[j], data)
+        del data
         return j
 
     def _wait(self, handles: list[int]) -> list[Any]:
         out, err = [], None
         for j in handles:
             try:
-                status, *rest = pickle.loads(self._conns[j].recv_bytes())
+                status, *rest = _recv(self._conns[j])
             except (EOFError, OSError):
                 raise RuntimeError(f"worker {j} (pid {self._procs[j].pid}) died (exit code "
                                    f"{self._procs[j].exitcode}); see its output above") from None
@@ -249,7 +346,16 @@ class PoolExecutor(ShardedExecutor):
         return dict(self._closed[1]) if self._closed is not None else super().codec_state_dict()
 
     def close(self) -> None:
-        """Keep a snapshot of the states (still readable) and stop the workers."""
+        """Keep a snapshot of the states (still readable) and stop the workers, one at a
+        time as its states arrive (memory: the snapshot and the workers' copies are never
+        all held at once)."""
         if self._closed is None:
-            self._closed = (super().states, super().codec_state_dict())
+            states: dict[int, Any] = {}
+            codecs: dict[str, Any] = {}
+            for j in range(self.num_workers):
+                states.update(self._wait([self._submit(j, "get_states")])[0])
+                codecs.update(self._wait([self._submit(j, "get_codec_states")])[0])
+                _shutdown([self._conns[j]], [self._procs[j]])
+            order = [n for n in range(self.env.num_nodes) if n in states] + ([SERVER] if SERVER in states else [])
+            self._closed = ({n: states[n] for n in order}, {k: codecs[k] for k in sorted(codecs, key=int)})
             self._finalizer()

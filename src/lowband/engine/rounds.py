@@ -138,7 +138,12 @@ def deliver(net: Network, round: int, items: Iterable[Item], faults: RoundFaults
     (``faults``) and (message, receiver) pairs past the deadline (``late``) are left out;
     then the receivers' norm screening. Refusals go to ``net.rejections``."""
     inboxes: dict[int, list[Envelope]] = {}
-    for (src, index), dsts, payload, stand_in, kind in sorted(items, key=lambda it: it[0]):
+    order = sorted(items, key=lambda it: it[0])
+    order.reverse()  # popped from the end: the serial order
+    if isinstance(items, list):  # the caller's list gives up its bytes: each is freed once decoded
+        items.clear()
+    while order:
+        (src, index), dsts, payload, stand_in, kind = order.pop()
         if late:
             dsts = tuple(d for d in dsts if (src, index, d) not in late)
         dsts = faults.deliverable(src, dsts) if faults.any else dsts
@@ -320,6 +325,9 @@ class Place:
         net.step_tag = (int(round), self._k)
         items = [*self._local, *(it for b in incoming if b for it in b)]
         self._local = []
+        for b in incoming:  # the delivery owns the bytes and frees each once decoded (memory)
+            if b:
+                b.clear()
         inboxes = deliver(net, round, items, faults, late, self.fetch)
         before = len(self.ex.diverged)
         outboxes = self.ex.run_step(Step(name, actors, self.fn(spec)), round, plan, inboxes)
@@ -466,10 +474,16 @@ class ShardedExecutor:
         spec, plan_a = self._spec(step.fn), self._plan(plan)
         actors = self._split(step.actors)
         prev = self._bundles if not first and self._bundles is not None else [[None] * w for _ in range(w)]
+        self._bundles = None
         per = self._acks_per_place(acks)
-        outs = self._all("step", [(spec, round, plan_a, step.name, actors[j], codecs, seed, policy, faults, late,
-                                   first, last, per[j], *[prev[i][j] for i in range(w) if i != j])
-                                  for j in range(w)])
+        handles = []
+        for j in range(w):  # each place's incoming bytes, shipped then dropped here (memory)
+            handles.append(self._submit(j, "step", spec, round, plan_a, step.name, actors[j], codecs, seed, policy,
+                                        faults, late, first, last, per[j], *[prev[i][j] for i in range(w) if i != j]))
+            for i in range(w):
+                prev[i][j] = None
+        del prev
+        outs = self._wait(handles)
         self._bundles = None if last else [list(o[1:]) for o in outs]
         return [o[0] for o in outs]
 
