@@ -18,91 +18,25 @@ draws from torch's default RNG only.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
 from .base import FeatureClassifier, check_spatial, conv_out, image_shape
 
 
-_BASES: dict[tuple[int, int], torch.Tensor] = {}  # (H, W) -> flat index of each window's first element
-
-
-def _window_argmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``F.max_pool2d(x, 2, return_indices=True)`` of a contiguous NCHW CPU tensor: the
-    same values and the same flat ``H * W`` indices, about 2x faster at the CNNs' training
-    shapes. PyTorch's CPU kernel walks each 2x2 window in row-major order and keeps the
-    first of tied maxima; here the window's maximum comes from two ``torch.maximum`` of
-    strided slices, the index is the first element equal to it, and the value is read
-    back at that index (so even a tie of -0.0 and +0.0 gives max_pool2d's bits). A window
-    holding a NaN (the kernel takes its last NaN) is left to the native kernel."""
-    n, c, H, W = x.shape
-    h, w = H // 2 * 2, W // 2 * 2  # floor mode: an odd last row/column is dropped
-    xs = x[..., :h, :w]
-    rows = torch.maximum(xs[..., 0::2, :], xs[..., 1::2, :])
-    m = torch.maximum(rows[..., 0::2], rows[..., 1::2])
-    if not math.isfinite(float(m.sum())):  # a NaN (or an infinity): the native kernel's rules
-        return torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0], [1, 1], False)
-    na = xs[..., 0::2, 0::2] != m  # not at the window's first element
-    nb = na & (xs[..., 0::2, 1::2] != m)  # nor at its second
-    nc = nb & (xs[..., 1::2, 0::2] != m)  # nor at its third: the fourth
-    base = _BASES.get((H, W))
-    if base is None:
-        base = _BASES[(H, W)] = (torch.arange(0, h, 2) * W)[:, None] + torch.arange(0, w, 2)[None, :]
-    idx = base + na + nb * (W - 1) + nc  # offsets 0, 1, W, W + 1
-    out = x.view(n, c, H * W).gather(2, idx.view(n, c, -1)).view(idx.shape)
-    return out, idx
-
-
-class _MaxPool2(torch.autograd.Function):
-    """2x2 max-pooling for training: the forward from :func:`_window_argmax`, the backward
-    PyTorch's own ``max_pool2d_with_indices_backward`` on the same indices, so values and
-    gradients are those of ``F.max_pool2d`` bit for bit (tests/test_train_speed.py)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        out, idx = _window_argmax(x)
-        ctx.save_for_backward(x, idx)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        x, idx = ctx.saved_tensors
-        return torch.ops.aten.max_pool2d_with_indices_backward(grad, x, [2, 2], [2, 2], [0, 0], [1, 1], False, idx)
-
-
-def _plain_tensor(x: torch.Tensor) -> bool:
-    """A contiguous float32 NCHW CPU tensor that no ``torch.func`` transform wraps: where the
-    training fast path was measured and tested."""
-    if x.device.type != "cpu" or x.dim() != 4 or not x.is_contiguous() or x.dtype != torch.float32:
-        return False
-    try:
-        return not torch._C._functorch.is_functorch_wrapped_tensor(x)
-    except AttributeError:  # pragma: no cover - an older torch
-        return False
-
-
 def pool2(x: torch.Tensor) -> torch.Tensor:
-    """``F.max_pool2d(x, 2)``, computed from strided slices, the same values bit for bit.
+    """``F.max_pool2d(x, 2)``, computed without indices when no gradient is recorded.
 
-    ``max_pool2d`` takes ~60% of the FMNIST CNN's evaluation forward pass and ~20% of a
-    training step on CPU (benchmarks/README.md). In evaluation (no gradient recorded) the
-    2x2 max is two ``torch.maximum`` of strided slices (a max is exact; a NaN propagates
-    as in ``max_pool2d``). In training, :class:`_MaxPool2`: the same values, the same
-    indices (ties: the first maximum, as ``max_pool2d``), PyTorch's own backward on them.
-    An fx trace (FOL's pruning), a ``torch.func`` transform, another device or layout
-    gets ``F.max_pool2d`` itself when gradients are recorded.
+    In evaluation (``torch.no_grad``/``inference_mode``) the max of the 2x2 window is taken
+    as two ``torch.maximum`` of strided slices: the same values bit for bit (a max is
+    exact; a NaN propagates as in ``max_pool2d``), about 10x faster on CPU, where
+    ``max_pool2d`` takes ~60% of the FMNIST CNN's forward pass (benchmarks/README.md). With
+    autograd on, ``max_pool2d`` itself, so training (its gradient at ties) is unchanged.
     """
-    if isinstance(x, torch.fx.Proxy):
-        return F.max_pool2d(x, 2)
     if torch.is_grad_enabled():
-        if x.requires_grad and _plain_tensor(x):
-            return _MaxPool2.apply(x)
         return F.max_pool2d(x, 2)
     h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2  # floor mode: an odd last row/column is dropped
     x = x[..., :h, :w]
