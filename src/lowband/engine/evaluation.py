@@ -28,7 +28,9 @@ Cost (issue 18 part 4): ``sample`` (``eval.nodes``) restricts ``personal`` and
 "nodes")``. ``personal`` of an algorithm whose clients keep no model (everyone is scored
 with the one global model) runs, on an in-process executor, as one forward pass over all
 clients' local test splits concatenated once and kept (:class:`_PooledTests`), split back
-per client: the same logits as one forward per client, so the same metrics.
+per client: the same logits as one forward per client, so the same metrics. Under worker
+processes (a sharded executor's ``map_places``) each worker pools its own nodes' splits,
+the workers in parallel.
 """
 
 from __future__ import annotations
@@ -135,6 +137,12 @@ class Evaluator:
                 pooled = self._pooled[prefix] = _PooledTests(self.ex.env.node_data, nodes)  # type: ignore[attr-defined]
             model = self.ex.model_for(nodes[0])  # type: ignore[attr-defined]
             res = pooled.evaluate(model, server_params, bs)
+        elif server_params is not None and self._can_pool_places(nodes):
+            # worker processes: each pools the test splits of its own nodes (in parallel)
+            res = {}
+            for part in self.ex.map_places(partial(_pooled_personal, params=server_params, bs=bs, key=prefix),
+                                           nodes):  # type: ignore[attr-defined]
+                res.update(part)
         else:
             fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
             res = self.ex.map_nodes(fn, nodes, round, plan) if nodes else {}
@@ -151,6 +159,15 @@ class Evaluator:
         if not nodes or type(ex) is not SerialExecutor:
             return False
         key = ex.env.model_key
+        return len({key(n) for n in nodes}) == 1
+
+    def _can_pool_places(self, nodes: Sequence[int]) -> bool:
+        """The pooled pass per place of a sharded executor (the pool's workers, Ray's
+        actors): where it offers ``map_places`` and the nodes share one architecture."""
+        ex = self.ex
+        if not nodes or not hasattr(ex, "map_places") or not hasattr(ex, "env"):
+            return False
+        key = ex.env.model_key  # type: ignore[attr-defined]
         return len({key(n) for n in nodes}) == 1
 
     def __call__(self, round: int, plan: RoundPlan) -> dict[str, float]:
@@ -261,6 +278,18 @@ class _PooledTests:
             acc = float((part.argmax(1) == y).float().mean())
             out[n] = (acc, loss, int(y.shape[0]))
         return out
+
+
+def _pooled_personal(ex: SerialExecutor, nodes: list[int], params: dict[str, torch.Tensor], bs: int,
+                     key: str) -> dict[int, tuple]:
+    """On one place: ``personal`` of ``params`` on its ``nodes``' test splits in one pooled
+    pass, the concatenation kept on the place's executor between rounds (``key``: the
+    protocol, so personal and personal_joined keep their own)."""
+    cache = ex.__dict__.setdefault("_pooled_tests", {})
+    pooled = cache.get(key)
+    if pooled is None or pooled.nodes != tuple(nodes):
+        pooled = cache[key] = _PooledTests(ex.env.node_data, nodes)
+    return pooled.evaluate(ex.model_for(nodes[0]), params, bs)
 
 
 # Per-node evaluation functions: (ctx, state, **explicit arguments); measurement only.
