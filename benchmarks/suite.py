@@ -65,6 +65,8 @@ if str(HERE) not in sys.path:
 from _common import TreeRSS, big_matmul_rate, loadavg, machine, runnable, self_peak_rss_kib, table  # noqa: E402
 
 MODES = ("serial", "default", "plain")
+#: ``--baseline-src DIR``: mode (a) run with PYTHONPATH=DIR (e.g. the commit before issue 18)
+BASELINE = "baseline"
 MARK = "SUITE_RESULT "
 
 #: the keys modes (a) and (b) set where the installed lowband knows them
@@ -359,6 +361,11 @@ def child(key: str, modes: list[str], quick: bool, rounds: int, ntk_nodes: int, 
             if mode == "plain":
                 fn = child_plain_fl if WORKLOADS[key]["kind"] == "fl" else child_plain_ntk
                 out[mode] = fn(key, quick, rounds)
+            elif mode == BASELINE:  # mode (a), on the lowband found first on PYTHONPATH
+                import lowband
+
+                out[mode] = child_engine(key, "serial", quick, rounds, ntk_nodes, extra)
+                out[mode]["notes"].append(f"lowband from {Path(lowband.__file__).parent}")
             else:
                 out[mode] = child_engine(key, mode, quick, rounds, ntk_nodes, extra)
         except Exception as exc:  # reported in the table, the other modes still run
@@ -381,9 +388,12 @@ def spawn(key: str, modes: list[str], args: argparse.Namespace) -> dict[str, Any
     cmd += ["--quick"] if args.quick else []
     for kv in args.set:
         cmd += ["--set", kv]
-    log(f"[{key}] {', '.join(modes)}: {' '.join(cmd[1:])}")
+    env = None
+    if modes == [BASELINE]:
+        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
+    log(f"[{key}] {', '.join(modes)}: {' '.join(cmd[1:])}" + (f" (PYTHONPATH={env['PYTHONPATH']})" if env else ""))
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=args.timeout)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         return {m: {"error": f"timed out after {args.timeout} s"} for m in modes}
     lines = [x for x in p.stdout.splitlines() if x.startswith(MARK)]
@@ -441,24 +451,27 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
     out.append("")
 
     floor_rate = rate["gflops_floor"] * 1e9
+    base = any(BASELINE in res for res in results.values())
+    shown = ((BASELINE,) if base else ()) + MODES
     rows, ratios, details = [], [], []
     for key, res in results.items():
         wl = WORKLOADS[key]
         fl = res.get("plain", {}).get("flops")
         floor = (fl["train"] + fl["eval"]) / floor_rate if fl else None
         cells = []
-        for mode in MODES:
+        for mode in shown:
             r = res.get(mode, {})
             cells.append("error: " + r["error"] if "error" in r else _s(r.get("s_per_round")))
         mem = []
-        for mode in MODES:
+        for mode in shown:
             r = res.get(mode, {})
             mem.append(_mem(r))
         rows.append([wl["label"] + (" (quick)" if args.quick else ""), *cells, _s(floor), *mem])
-        s = {m: res.get(m, {}).get("s_per_round") for m in MODES}
-        ratios.append([key, _ratio(s["default"], s["serial"]), _ratio(s["default"], s["plain"]),
+        s = {m: res.get(m, {}).get("s_per_round") for m in shown}
+        ratios.append([key, *([_ratio(s["default"], s[BASELINE])] if base else []),
+                       _ratio(s["default"], s["serial"]), _ratio(s["default"], s["plain"]),
                        _ratio(s["serial"], floor), _ratio(s["default"], floor), _ratio(s["plain"], floor)])
-        for mode in MODES:
+        for mode in shown:
             r = res.get(mode, {})
             if "error" in r:
                 details.append(f"{key}/{mode}: ERROR {r['error']}")
@@ -486,11 +499,13 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
         if fl:
             details.append(f"{key}/floor: {fl['train'] / 1e9:.1f} GFLOP train + {fl['eval'] / 1e9:.1f} GFLOP eval "
                            f"per round at {rate['gflops_floor']:.1f} GFLOP/s = {_s(floor)} s")
-    out.append(table(["workload", "(a) serial s/round", "(b) default s/round", "(c) plain PyTorch s/round",
-                      "FLOP floor s/round", "peak RSS GiB (a)", "peak RSS GiB (b)", "peak RSS GiB (c)"], rows))
+    a0 = [f"(a0) serial at {args.baseline_src} s/round"] if base else []
+    out.append(table(["workload", *a0, "(a) serial s/round", "(b) default s/round", "(c) plain PyTorch s/round",
+                      "FLOP floor s/round", *(["peak RSS GiB (a0)"] if base else []), "peak RSS GiB (a)",
+                      "peak RSS GiB (b)", "peak RSS GiB (c)"], rows))
     out.append("")
-    out.append(table(["workload", "default / serial", "default / plain", "serial / floor", "default / floor",
-                      "plain / floor"], ratios))
+    out.append(table(["workload", *(["default / serial at baseline"] if base else []), "default / serial",
+                      "default / plain", "serial / floor", "default / floor", "plain / floor"], ratios))
     out.append("(ratios of seconds per round: below 1x the first is faster; issue 18's \"2x faster\" is <= 0.50x, "
                "\"within 3x of the floor\" is <= 3x)")
     out.append("")
@@ -516,12 +531,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--matmul-n", type=int, default=None, help="big matmul size (default 2048; 512 with --quick)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per subprocess (default 3600)")
     ap.add_argument("--json", default=None, help="also write every number to this JSON file")
+    ap.add_argument("--baseline-src", default=None, metavar="DIR",
+                    help="also run mode (a) with PYTHONPATH=DIR (a column \"(a0) serial at DIR\"), e.g. the "
+                         "src/ of a worktree at the commit before issue 18")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [k for k in keys if k not in WORKLOADS] + [m for m in modes if m not in MODES]
+    bad = [k for k in keys if k not in WORKLOADS] + [m for m in modes if m not in MODES
+                                                      and not (args.child and m == BASELINE)]
     if bad:
         ap.error(f"unknown workload(s) or mode(s) {bad}; workloads: {', '.join(WORKLOADS)}; modes: {', '.join(MODES)}")
     if args.rounds is not None and args.rounds < 1:
@@ -532,6 +551,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if "=" not in kv:
             ap.error(f"--set {kv!r}: expected KEY=VALUE")
     args.rounds_for = {k: args.rounds or (2 if args.quick else WORKLOADS[k]["rounds"]) for k in WORKLOADS}
+    if args.baseline_src:
+        if not (Path(args.baseline_src) / "lowband" / "__init__.py").is_file():
+            ap.error(f"--baseline-src {args.baseline_src}: no lowband/__init__.py there; give a src/ directory")
+        if not args.child:
+            modes = [BASELINE, *modes]
 
     if args.child:
         return child(args.child, modes, args.quick, args.rounds_for[args.child], args.ntk_nodes, args.set)
@@ -560,7 +584,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     for key in keys:
         if isolate == "workload":
-            results[key] = spawn(key, modes, args)
+            results[key] = spawn(key, [m for m in modes if m != BASELINE], args)
+            if BASELINE in modes:
+                results[key].update(spawn(key, [BASELINE], args))
         else:
             results[key] = {}
             for mode in modes:

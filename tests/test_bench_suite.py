@@ -145,3 +145,21 @@ def test_suite_quick_prints_every_column(shared_data: Path, tmp_path: Path) -> N
     for key in ("fedavg", "dfedavg"):
         assert res["results"][key]["plain"]["flops"]["eval"] > 0
     assert res["results"]["spark"]["serial"]["extrapolated_x"] == 10.0
+
+
+def test_baseline_src_adds_a_column_and_its_ratio(tmp_path: Path) -> None:
+    """--baseline-src DIR: mode (a) once more on another lowband (PYTHONPATH=DIR), shown
+    as its own column with default / that; a DIR without lowband is refused."""
+    with pytest.raises(SystemExit):
+        suite.main(["--baseline-src", str(tmp_path), "--workloads", "fedavg"])
+    run = {"s_per_round": 2.0, "train_s": 1.5, "eval_s": 0.5, "keys": {}, "rss_self_kib": 2**20, "metrics": {}}
+    res = {"fedavg": {"baseline": {**run, "s_per_round": 4.0, "notes": ["lowband from X"]}, "serial": run,
+                      "default": {**run, "s_per_round": 1.0}, "plain": {**run, "s_per_round": 3.0}}}
+    args = suite.argparse.Namespace(quick=False, baseline_src="/old/src")
+    text = suite.report(res, {"gflops_floor": 100.0}, args)
+    assert "(a0) serial at /old/src s/round" in text and "default / serial at baseline" in text
+    assert "| fedavg | 0.25x | 0.50x | 0.33x |" in text
+    assert "fedavg/baseline: 4.00 s/round" in text and "lowband from X" in text
+    plain = suite.report({"fedavg": {k: v for k, v in res["fedavg"].items() if k != "baseline"}},
+                         {"gflops_floor": 100.0}, suite.argparse.Namespace(quick=False, baseline_src=None))
+    assert "(a0)" not in plain and "| fedavg | 0.50x | 0.33x |" in plain

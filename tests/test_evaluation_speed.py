@@ -95,6 +95,7 @@ def test_pooled_personal_same_metrics_end_to_end(tmp_path: Path, monkeypatch: py
     fast = Simulation(validate(digits_config(tmp_path / "fast", "fedavg"))).run()
     assert calls  # the pooled path ran
     monkeypatch.setattr(evaluation.Evaluator, "_can_pool", lambda self, nodes: False)
+    monkeypatch.setattr(evaluation.Evaluator, "_can_pool_places", lambda self, nodes: False)
     slow = Simulation(validate(digits_config(tmp_path / "slow", "fedavg"))).run()
     a = (Path(fast.run_dir) / "metrics.jsonl").read_text()
     assert a == (Path(slow.run_dir) / "metrics.jsonl").read_text() and "personal/acc_weighted" in a
@@ -126,3 +127,58 @@ def test_eval_nodes_larger_than_the_federation_is_refused(tmp_path: Path) -> Non
     cfg["eval"] = {"nodes": 9}
     with pytest.raises(ConfigError, match="eval: nodes = 9 exceeds the run's 8 nodes"):
         Simulation(validate(cfg))
+
+
+def test_pooled_personal_in_worker_processes_same_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under two worker processes each pools its own nodes' test splits (map_places, in
+    parallel): metrics.jsonl byte-identical to the serial run's and to the per-node path's."""
+    from lowband.engine.pool import PoolExecutor
+    from lowband.engine.rounds import ShardedExecutor
+
+    def run(name: str, workers: int) -> str:
+        cfg = {**digits_config(tmp_path / name, "fedavg", rounds=2), "engine": {"workers": workers}}
+        sim = Simulation(validate(cfg))
+        res = sim.run()
+        assert isinstance(sim.executor, PoolExecutor) == (workers > 1)
+        return (Path(res.run_dir) / "metrics.jsonl").read_text()
+
+    calls: list[int] = []
+    orig = ShardedExecutor.map_places
+    monkeypatch.setattr(ShardedExecutor, "map_places", lambda self, fn, nodes: calls.append(1) or orig(self, fn, nodes))
+    with monkeypatch.context() as m:
+        def boom(*a: object) -> None:
+            raise AssertionError("global evaluated on its own")
+
+        m.setattr(evaluation.Evaluator, "_global", boom)  # global comes from the workers' shares
+        pooled = run("pool", 2)
+    assert len(calls) == 3  # personal at round 0 and after rounds 1, 2: the pooled path ran
+    assert "personal/acc_weighted" in pooled and "global/acc" in pooled and pooled == run("serial", 1)
+    monkeypatch.setattr(evaluation.Evaluator, "_can_pool_places", lambda self, nodes: False)
+    assert run("per_node", 2) == pooled
+
+
+def test_global_shares_balance_the_places() -> None:
+    """The global test set's batches go to the place with the fewest samples to score so far."""
+    from lowband.engine.rounds import ShardedExecutor
+
+    class Ex(ShardedExecutor):
+        num_workers = 2
+
+        def __init__(self, env: object) -> None:
+            super().__init__()
+            self.env = env  # type: ignore[assignment]
+
+    class Env:
+        num_nodes = 4
+        node_data = _nodes([100, 0, 900, 0])
+
+        @staticmethod
+        def model_key(n: int) -> str:
+            return "m"
+
+    ev = evaluation.Evaluator.__new__(evaluation.Evaluator)
+    ev.ex, ev.batch_size = Ex(Env()), 100
+    ev.test_y = torch.zeros(1000, dtype=torch.long)
+    shares = ev._global_shares([0, 1, 2, 3])
+    assert shares is not None and sorted(shares[0] + shares[2]) == list(range(0, 1000, 100))
+    assert len(shares[0]) == 9 and len(shares[2]) == 1  # 100 + 900 vs 900 + 100

@@ -105,6 +105,30 @@ def batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool = Fal
         yield perm[i : i + batch_size]
 
 
+#: :func:`epoch_batches` gathers a whole epoch's permuted data at once up to this many bytes
+EPOCH_GATHER_BYTES = 64 * 2**20
+
+
+def epoch_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, gen: torch.Generator,
+                  drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The minibatches ``(x[idx], y[idx])`` of :func:`batches` (the same permutation from
+    ``gen``, the same values): the epoch's rows are gathered in one indexing call and the
+    batches are slices of it (one gather per epoch instead of two per step), unless the
+    data exceeds :data:`EPOCH_GATHER_BYTES` (then per batch, no second copy of the data)."""
+    n = int(y.shape[0])
+    if x.element_size() * x.nelement() + y.element_size() * y.nelement() > EPOCH_GATHER_BYTES:
+        for idx in batches(n, batch_size, gen, drop_last=drop_last, device=x.device):
+            yield x[idx], y[idx]
+        return
+    perm = torch.randperm(n, generator=gen)
+    if perm.device != x.device:
+        perm = perm.to(x.device)
+    xp, yp = x[perm], y[perm]
+    stop = n - (n % batch_size) if drop_last and n >= batch_size else n
+    for i in range(0, stop, batch_size):
+        yield xp[i : i + batch_size], yp[i : i + batch_size]
+
+
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x), y)
 
@@ -157,27 +181,42 @@ def sgd_train(
         return get_params(model), TrainStats(loss=float("nan"), steps=0, samples=0)
     opt_params = [named[k] for k in train_names] + list(extra)
     opt = torch.optim.SGD(opt_params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0,
-                          weight_decay=weight_decay)
+                          weight_decay=weight_decay)  # plain SGD steps below without it (same update)
     has_bn = skip_singleton_bn and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    total = torch.zeros((), dtype=torch.float64, device=x.device)
-    steps, seen = 0, 0
+    # plain SGD (no momentum, no weight decay): one fused ``p -= lr * grad`` over the tensors,
+    # what torch.optim.SGD computes per tensor, the same bits, without its per-step overhead
+    plain = momentum == 0 and weight_decay == 0
+    losses: list[torch.Tensor] = []  # per step, summed once at the end (as the running sum would)
+    counts: list[int] = []
+    steps = 0
     for k in frozen:
         named[k].requires_grad_(False)
     try:
         for _ in range(epochs):
-            for idx in batches(n, batch_size, gen, drop_last=drop_last, device=x.device):
-                if has_bn and idx.numel() <= 1:
+            for xb, yb in epoch_batches(x, y, batch_size, gen, drop_last=drop_last):
+                nb = int(yb.shape[0])
+                if has_bn and nb <= 1:
                     continue
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model, x[idx], y[idx])
+                if plain:
+                    for p in opt_params:
+                        p.grad = None
+                else:
+                    opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, xb, yb)
                 loss.backward()
                 if grad_hook is not None:
                     grad_hook(model)
                 if grad_clip is not None:
                     torch.nn.utils.clip_grad_norm_(opt_params, grad_clip)
-                opt.step()
-                total += loss.detach().double() * idx.numel()
-                seen += idx.numel()
+                if plain:
+                    with torch.no_grad():
+                        have = [p for p in opt_params if p.grad is not None]
+                        if have:
+                            torch._foreach_add_(have, [p.grad for p in have], alpha=-lr)
+                else:
+                    opt.step()
+                losses.append(loss.detach())
+                counts.append(nb)
                 steps += 1
                 if max_steps is not None and steps >= max_steps:
                     break
@@ -186,6 +225,11 @@ def sgd_train(
     finally:
         for k in frozen:
             named[k].requires_grad_(True)
+    total, seen = 0.0, 0
+    # the float64 running sum of loss x batch size, in step order: the same bits as summing per step
+    for value, nb in zip(torch.stack(losses).double().tolist() if losses else [], counts):
+        total += value * nb
+        seen += nb
     mean_loss = float(total) / max(seen, 1)
     if seen and not math.isfinite(mean_loss):
         note_divergence()

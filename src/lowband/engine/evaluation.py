@@ -28,7 +28,9 @@ Cost (issue 18 part 4): ``sample`` (``eval.nodes``) restricts ``personal`` and
 "nodes")``. ``personal`` of an algorithm whose clients keep no model (everyone is scored
 with the one global model) runs, on an in-process executor, as one forward pass over all
 clients' local test splits concatenated once and kept (:class:`_PooledTests`), split back
-per client: the same logits as one forward per client, so the same metrics.
+per client: the same logits as one forward per client, so the same metrics. Under worker
+processes (a sharded executor's ``map_places``) each worker pools its own nodes' splits,
+the workers in parallel.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from lowband.engine.checks import LowbandWarning
 from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
-from lowband.train import evaluate, is_float, predict_logits
+from lowband.train import evaluate, is_float, load_params, predict_logits
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -123,9 +125,13 @@ class Evaluator:
         self._joined_through = max(self._joined_through, round)
         return sorted(self._joined)
 
-    def _personal(self, prefix: str, nodes: Sequence[int], round: int, plan: RoundPlan) -> dict[str, float]:
-        """``personal`` over ``nodes``: sample-weighted and plain mean, worst 10%, loss."""
+    def _personal(self, prefix: str, nodes: Sequence[int], round: int, plan: RoundPlan,
+                  with_global: bool = False) -> dict[str, float]:
+        """``personal`` over ``nodes``: sample-weighted and plain mean, worst 10%, loss.
+        ``with_global``: ``global`` too, first in the result, folded into the workers' pooled
+        pass where that path is taken (else the caller's own ``global`` evaluation)."""
         alg, bs = self.alg, self.batch_size
+        glob: dict[str, float] = {}
         use_global = not alg.personalized
         server_params = None
         if use_global and alg.has_server and nodes:
@@ -136,6 +142,19 @@ class Evaluator:
                 pooled = self._pooled[prefix] = _PooledTests(self.ex.env.node_data, nodes)  # type: ignore[attr-defined]
             model = self.ex.model_for(nodes[0])  # type: ignore[attr-defined]
             res = pooled.evaluate(model, server_params, bs)
+        elif server_params is not None and self._can_pool_places(nodes):
+            # worker processes: each pools the test splits of its own nodes (in parallel),
+            # and takes a share of the global test set's batches (with_global)
+            res = {}
+            shares = self._global_shares(nodes) if with_global else None
+            extra = {"test": self._test, "shares": shares} if shares is not None else {}
+            logits: dict[int, torch.Tensor] = {}
+            for part in self.ex.map_places(partial(_pooled_personal, params=server_params, bs=bs, key=prefix,
+                                                   **extra), nodes):  # type: ignore[attr-defined]
+                res.update(part[0])
+                logits.update(part[1])
+            if shares is not None:
+                glob = _scores(torch.cat([logits[i] for i in sorted(logits)]), self.test_y)
         else:
             fn = partial(_eval_personal, alg=alg, use_global=use_global, server_params=server_params, bs=bs)
             res = self.ex.map_nodes(fn, nodes, round, plan) if nodes else {}
@@ -143,7 +162,42 @@ class Evaluator:
         out = personal_summary(prefix, [res[n][0] for n in nodes], [res[n][1] for n in nodes], ns)
         if prefix == "personal_joined":
             out[f"{prefix}/n"] = float(sum(1 for x in ns if x > 0))
+        if with_global:
+            if not glob:
+                glob = self._global(round, plan)
+            out = {**glob, **out}
         return out
+
+    def _global(self, round: int, plan: RoundPlan) -> dict[str, float]:
+        """``global``: the server's model on the global test set (evaluated at place 0)."""
+        res = self.ex.map_nodes(partial(_eval_server, alg=self.alg, test=self._test, bs=self.batch_size),
+                                [SERVER], round, plan)[SERVER]
+        return {} if res is None else {"global/acc": res[0], "global/loss": res[1]}
+
+    def _global_shares(self, nodes: Sequence[int]) -> Optional[dict[int, list[int]]]:
+        """The global test set's batches (their start rows, ``batch_size`` apart: the
+        batches :func:`lowband.train.evaluate` makes, so the same logits), dealt to the
+        places evaluating ``nodes`` so that each scores about as many samples in all
+        (its nodes' test splits + its batches); keyed by each place's first node. None
+        where the server's model is not the nodes' architecture or there is no test set."""
+        ex: Any = self.ex
+        n_test, bs = int(self.test_y.shape[0]), self.batch_size
+        split = getattr(ex, "_split", None)
+        if not n_test or split is None:
+            return None
+        try:
+            if ex.env.model_key(SERVER) != ex.env.model_key(nodes[0]):
+                return None
+        except Exception:  # a model_key that does not know the server
+            return None
+        parts = [p for p in split(nodes) if p]
+        load = [sum(int(ex.env.node_data[n].test_y.shape[0]) for n in p) for p in parts]
+        shares: dict[int, list[int]] = {p[0]: [] for p in parts}
+        for start in range(0, n_test, bs):
+            k = min(range(len(parts)), key=lambda i: load[i])
+            shares[parts[k][0]].append(start)
+            load[k] += min(bs, n_test - start)
+        return shares
 
     def _can_pool(self, nodes: Sequence[int]) -> bool:
         """One forward pass for all ``nodes`` (same model): only where their data lives in
@@ -178,6 +232,15 @@ class Evaluator:
                 i += 1
         return {k: acc[k].to(like[k].dtype) if is_float(like[k]) else acc[k] for k in acc}
 
+    def _can_pool_places(self, nodes: Sequence[int]) -> bool:
+        """The pooled pass per place of a sharded executor (the pool's workers, Ray's
+        actors): where it offers ``map_places`` and the nodes share one architecture."""
+        ex = self.ex
+        if not nodes or not hasattr(ex, "map_places") or not hasattr(ex, "env"):
+            return False
+        key = ex.env.model_key  # type: ignore[attr-defined]
+        return len({key(n) for n in nodes}) == 1
+
     def __call__(self, round: int, plan: RoundPlan) -> dict[str, float]:
         # Per-node work goes through module-level functions with explicit arguments (no
         # closures over this object), so a distributed executor ships each argument once
@@ -186,13 +249,12 @@ class Evaluator:
         nodes = self.nodes
         alg, bs, test = self.alg, self.batch_size, self._test
 
-        if "global" in self.protocols and alg.has_server:
-            res = self.ex.map_nodes(partial(_eval_server, alg=alg, test=test, bs=bs), [SERVER], round, plan)[SERVER]
-            if res is not None:
-                out["global/acc"], out["global/loss"] = res[0], res[1]
+        both = "global" in self.protocols and alg.has_server and "personal" in self.protocols and bool(nodes)
+        if "global" in self.protocols and alg.has_server and not both:
+            out.update(self._global(round, plan))
 
-        if "personal" in self.protocols:
-            out.update(self._personal("personal", list(nodes), round, plan))
+        if "personal" in self.protocols:  # with_global: in one pooled pass under worker processes
+            out.update(self._personal("personal", list(nodes), round, plan, with_global=both))
 
         if "personal_joined" in self.protocols:
             out.update(self._personal("personal_joined", self.joined(round), round, plan))
@@ -297,6 +359,34 @@ class _PooledTests:
             acc = float((part.argmax(1) == y).float().mean())
             out[n] = (acc, loss, int(y.shape[0]))
         return out
+
+
+def _pooled_personal(ex: SerialExecutor, nodes: list[int], params: dict[str, torch.Tensor], bs: int,
+                     key: str, test: Optional[Test] = None,
+                     shares: Optional[dict[int, list[int]]] = None) -> tuple[dict[int, tuple], dict[int, torch.Tensor]]:
+    """On one place: ``personal`` of ``params`` on its ``nodes``' test splits in one pooled
+    pass, the concatenation kept on the place's executor between rounds (``key``: the
+    protocol, so personal and personal_joined keep their own); with ``shares``, also the
+    logits of this place's batches of the global ``test`` set (start row -> logits)."""
+    cache = ex.__dict__.setdefault("_pooled_tests", {})
+    pooled = cache.get(key)
+    if pooled is None or pooled.nodes != tuple(nodes):
+        pooled = cache[key] = _PooledTests(ex.env.node_data, nodes)
+    model = ex.model_for(nodes[0])
+    res = pooled.evaluate(model, params, bs)
+    logits: dict[int, torch.Tensor] = {}
+    if test is not None and shares:
+        load_params(model, params)  # (the pooled pass may have had nothing to load it for)
+        for start in shares.get(nodes[0], []):
+            logits[start] = predict_logits(model, None, test[0][start:start + bs], bs)
+    return res, logits
+
+
+def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """``global``'s accuracy and mean cross-entropy from the logits of the whole test set,
+    computed as :func:`lowband.train.evaluate` computes them (so the same numbers)."""
+    return {"global/acc": float((logits.argmax(1) == y).float().mean()),
+            "global/loss": float(torch.nn.functional.cross_entropy(logits, y, reduction="mean"))}
 
 
 # Per-node evaluation functions: (ctx, state, **explicit arguments); measurement only.

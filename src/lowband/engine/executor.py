@@ -157,6 +157,11 @@ class SerialExecutor:
             return many(self, list(nodes), round, plan)
         return {n: fn(self.context(n, round, plan), self.states[n]) for n in nodes}
 
+    def map_places(self, fn: Callable[[Any, list[int]], Any], nodes: Iterable[int]) -> list[Any]:
+        """``[fn(self, nodes)]``: the one place of a serial run (see ShardedExecutor.map_places)."""
+        nodes = [int(n) for n in nodes]
+        return [fn(self, nodes)] if nodes else []
+
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {str(k): v for k, v in self.states.items()}

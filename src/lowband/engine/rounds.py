@@ -347,6 +347,11 @@ class Place:
     def map_nodes(self, spec: Any, nodes: list[int], round: int, plan: RoundPlan) -> dict[int, Any]:
         return self.ex.map_nodes(self.fn(spec), nodes, round, plan)
 
+    def map_place(self, spec: Any, nodes: list[int]) -> Any:
+        """``fn(executor, nodes)`` once for this place's ``nodes`` (work batched over
+        several nodes, e.g. pooled evaluation: see :meth:`ShardedExecutor.map_places`)."""
+        return self.fn(spec)(self.ex, nodes)
+
 
 # --------------------------------------------------------------------------- the driver
 
@@ -527,6 +532,14 @@ class ShardedExecutor:
         for part in self._wait(handles):
             res.update(part)
         return {n: res[n] for n in nodes}
+
+    def map_places(self, fn: Callable[[Any, list[int]], Any], nodes: Iterable[int]) -> list[Any]:
+        """``fn(executor, its_nodes)`` once on each place holding some of ``nodes``, in
+        parallel (``executor``: the place's :class:`SerialExecutor`, whose ``env`` has those
+        nodes' data); the results in place order. A serial executor's is one call."""
+        spec = self._spec(fn)
+        return self._wait([self._submit(j, "map_place", spec, part)
+                           for j, part in enumerate(self._split(int(n) for n in nodes)) if part])
 
     # -- states and checkpoints ----------------------------------------------------------------
     @property
