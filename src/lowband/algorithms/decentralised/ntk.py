@@ -39,6 +39,7 @@ instead of materialising ``J`` (``n x C x d``) and multiplying it by ``P``.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence
 
@@ -178,6 +179,25 @@ def projected_kernel(jt: torch.Tensor) -> torch.Tensor:
     """SPARK's projected trace kernel ``(1/C) sum_c Jt_c Jt_c^T`` from ``Jt`` (``N x C x k``)."""
     n, c = jt.shape[0], jt.shape[1]
     return gram(jt.reshape(n, -1)).div_(c)
+
+
+_SCRATCH = threading.local()
+
+
+def cat_scratch(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)`` written into a buffer kept per thread and reused: the same
+    bytes, without a fresh allocation each call (a requester's ``N x C x k`` projected
+    Jacobians are 47 MB at the paper's size, above glibc's mmap threshold, so a fresh
+    ``torch.cat`` pays a page fault per 4 KB: 8x the copy itself). The result is a view of
+    the buffer, valid until the next call in the same thread: use it, do not keep it."""
+    shape = (sum(int(t.shape[0]) for t in tensors), *tensors[0].shape[1:])
+    numel = math.prod(shape)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < numel or buf.dtype != tensors[0].dtype:
+        buf = _SCRATCH.buf = torch.empty(numel, dtype=tensors[0].dtype)
+    out = buf[:numel].view(shape)
+    torch.cat(list(tensors), out=out)
+    return out
 
 
 # --------------------------------------------------------------------------- J^T R, J v
@@ -534,6 +554,76 @@ class Projection:
         ``q``: ``X P1`` for these ``x`` (rows aligned with ``x``) precomputed by the caller,
         e.g. kept across rounds (:class:`~lowband.algorithms.decentralised.ntk_cache.XPCache`):
         a float32 or float16 tensor or a ``numpy`` array / memmap, read chunk by chunk."""
+        if self.fast_mlp():
+            return self._jacobian_mlp_fast(x, params_list, q=q)
+        return self.jacobian_mlp_general(x, params_list, chunk, q=q)
+
+    def fast_mlp(self) -> bool:
+        """True when :meth:`jacobian_mlp` takes :meth:`_jacobian_mlp_fast`: the paper's
+        case, a Gaussian ``P`` with the ``sum`` layout (every block maps into the same k
+        coordinates)."""
+        kinds = {n: self.blocks[n][0] for n in ("fc1.weight", "fc1.bias", "head.weight", "head.bias")
+                 if n in self.blocks}
+        return (self.layout == "sum" and kinds == {"fc1.weight": "dense2", "fc1.bias": "dense",
+                                                    "head.weight": "dense2", "head.bias": "dense"})
+
+    def _jacobian_mlp_fast(self, x: torch.Tensor, params_list: Sequence[Params], q: Any = None,
+                           chunk: int = 64) -> list[torch.Tensor]:
+        """Structured ``J P`` for a Gaussian ``P`` in the ``sum`` layout: the products and
+        the order of the sums of :meth:`jacobian_mlp_general` (so the same bytes), with
+        fewer passes over the ``n x C x k`` outputs: no zero fill, no strided
+        read-modify-writes, and the GEMMs accumulate into the output (``addmm_`` /
+        ``baddbmm_`` with ``beta = 1`` add the finished product, as ``out += A @ B`` does):
+
+            (J P)[n, c] = ((sum_j G[n, c, j] P_b1[j] + P_b2[c]) + sum_j h[n, j] P_W2[j, c])
+                          + sum_j G[n, c, j] Q[n, j]
+
+        with ``G[n, c, j] = W2[c, j] D[n, j]`` (``D`` the ReLU mask) and ``Q = X P1``. The
+        last term is one bmm per chunk of ``chunk`` samples over the weight vectors' ``G``
+        stacked along the class axis (``Q``, the big read, is read once for all of them)."""
+        FAST_PATH_CALLS["jacobian_mlp"] += 1
+        x2 = x.flatten(1).to(torch.float32)
+        n = int(x2.shape[0])
+        if not params_list:
+            return []
+        k = self.k
+        hid = int(self.blocks["fc1.weight"][1].shape[1])  # stored (in, hid, k)
+        pb1 = self.blocks["fc1.bias"][1]  # (hid, k)
+        p2f = self.blocks["head.weight"][1].view(hid, -1)  # (hid, C k)
+        pb2 = self.blocks["head.bias"][1]  # (C, k)
+        c = int(pb2.shape[0])
+        gs: list[torch.Tensor] = []
+        outs: list[torch.Tensor] = []
+        for params in params_list:
+            _, d, h = mlp_parts(params, x2)
+            g = params["head.weight"].unsqueeze(0) * d.unsqueeze(1)  # G[n, c, j] = W2[c, j] D[n, j]
+            out = (g.reshape(n * c, hid) @ pb1).view(n, c, k)  # d f_c / d b1[j] = G[c, j]
+            out.add_(pb2)  # d f_c / d b2[c'] = [c = c']
+            out.view(n, c * k).addmm_(h, p2f)  # d f_c / d W2[c', j] = [c = c'] h_j
+            gs.append(g)
+            outs.append(out)
+        if q is None:
+            q = self.xp(x2)  # the bytes a cached X P1 holds
+        w = len(gs)
+        gcat = torch.cat(gs, 1) if w > 1 else gs[0]  # (n, w C, hid)
+        for a in range(0, n, chunk):  # d f_c / d W1[j, i] = G[c, j] x_i
+            b = min(a + chunk, n)
+            if isinstance(q, torch.Tensor):
+                qa = q[a:b].to(torch.float32)
+            else:  # numpy array or (copy-on-write) memmap
+                qa = torch.from_numpy(q[a:b]).to(torch.float32)
+            if w == 1:
+                outs[0][a:b].baddbmm_(gcat[a:b], qa)
+            else:
+                prod = torch.bmm(gcat[a:b], qa)
+                for i, out in enumerate(outs):
+                    out[a:b] += prod[:, i * c:(i + 1) * c]
+        return outs
+
+    def jacobian_mlp_general(self, x: torch.Tensor, params_list: Sequence[Params], chunk: int = 64,
+                             q: Any = None) -> list[torch.Tensor]:
+        """Structured ``J P`` for every projection kind and layout (the reference for
+        :meth:`_jacobian_mlp_fast`)."""
         x2 = x.flatten(1).to(torch.float32)
         n = int(x2.shape[0])
         outs: list[torch.Tensor] = []
@@ -609,6 +699,9 @@ class Projection:
         return per_sample_jacobian(model, params, x) @ self.dense()
 
 
+#: how often the fast paths ran (tests check that they are taken)
+FAST_PATH_CALLS: dict[str, int] = {"jacobian_mlp": 0}
+
 _PROJ_CACHE: dict[tuple, Projection] = {}
 
 
@@ -654,7 +747,7 @@ def cross_entropy_soft(f: torch.Tensor, y: torch.Tensor) -> float:
 
 
 __all__ = [
-    "Projection", "auto_substeps", "cached_projection", "cross_entropy_soft", "distill_schedule",
+    "Projection", "auto_substeps", "cached_projection", "cat_scratch", "cross_entropy_soft", "distill_schedule",
     "distill_target", "evolve_ce", "evolve_ce_reference", "float_names", "is_plain_mlp", "j_v", "jt_r",
     "jt_r_naive", "logits", "mlp_parts", "per_sample_jacobian", "projected_kernel", "residuals",
     "trace_kernel", "trace_kernel_generic", "trace_kernel_mlp", "trace_kernel_naive",

@@ -445,7 +445,7 @@ class KernelDFL(Algorithm):
         wbar = state["wbar"]
         names = self._trainable(ctx)
         if self.projected:
-            jt = torch.cat([m["jac"] for m in order])
+            jt = ntk.cat_scratch([m["jac"] for m in order])  # a reused buffer: used here only
             kern = ntk.projected_kernel(jt)
             x = None
         else:
