@@ -381,3 +381,41 @@ def test_readings_bytes_from_shapes_equal_the_ledger(tmp_path: Path, layout: str
     ledger = {k: int(v["encoded"]) for k, v in sim.ledger.by_kind(round=1).items()}
     assert counted == ledger and edges == 12
     assert dim == {"sum": 40, "tensor": 40 + 8 + 40 + 10, "module": 40 + 40}[layout]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fast_projected_jacobian_is_the_general_one_bit_for_bit(threads: int) -> None:
+    """The paper's case (Gaussian P, `sum`) takes ``_jacobian_mlp_fast``: the same products
+    summed in the same order as ``jacobian_mlp_general``, so the same bytes, for one weight
+    vector or several in a call, from ``X P1`` precomputed or not. (One vector alone and the
+    same vector beside another differ by float rounding on both paths: the batched GEMM.)"""
+    m = _mlp(hidden=7, classes=4)
+    ps = [_params(m), {k: v + 0.3 * torch.randn_like(v) for k, v in _params(m).items()}]
+    x = torch.randn(11, 1, 5, 5)
+    proj = ntk.Projection.build(ps[0], 13, "gaussian", seed=3)
+    assert proj.fast_mlp()
+    assert not ntk.Projection.build(ps[0], 13, "gaussian", seed=3, layout="tensor").fast_mlp()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        before = ntk.FAST_PATH_CALLS["jacobian_mlp"]
+        fast = proj.jacobian_mlp(x, ps)
+        assert ntk.FAST_PATH_CALLS["jacobian_mlp"] == before + 1
+        general = proj.jacobian_mlp_general(x, ps)
+        alone = proj.jacobian_mlp(x, ps[1:])
+        alone_general = proj.jacobian_mlp_general(x, ps[1:])
+        with_q = proj.jacobian_mlp(x, ps, q=proj.xp(x))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(fast, general):
+        assert torch.equal(a, b)
+    assert torch.equal(alone[0], alone_general[0])
+    torch.testing.assert_close(alone[0], fast[1], rtol=1e-6, atol=1e-5)
+    for a, b in zip(with_q, fast):
+        assert torch.equal(a, b)
+
+
+def test_a_spark_round_takes_the_fast_projected_jacobian(tmp_path: Path) -> None:
+    before = ntk.FAST_PATH_CALLS["jacobian_mlp"]
+    Simulation(validate(_cfg(tmp_path, "spark", 1, **SPARK_HP))).run()
+    assert ntk.FAST_PATH_CALLS["jacobian_mlp"] > before
