@@ -108,8 +108,11 @@ def test_the_rule() -> None:
     job = _job(mlp, 0, 10)
     assert unsupported(mlp, job, "auto") is None and unsupported(mlp, job, "on") is None
     assert unsupported(mlp, job, "off") is not None
-    assert "dropout" in unsupported(cnn, job, "on")  # FMNIST CNN: never (its dropout masks are seeded per node)
-    assert "Linear" in unsupported(simple, job, "auto")  # convolutions: measured not to pay
+    cjob = _cnn_job(0, 10)
+    assert unsupported(cnn, cjob, "auto") is None  # the FMNIST CNN: its hand-written step (measured to pay)
+    cuda_like = SGDJob(**{**cjob.__dict__, "x": torch.empty(0, 1, 28, 28, device="meta")})
+    assert "CPU" in unsupported(cnn, cuda_like, "auto")  # elsewhere its dropout masks cannot be reproduced
+    assert "Linear" in unsupported(simple, job, "auto")  # other convolutional models: measured not to pay
     prox = _job(mlp, 0, 10, loss_fn=lambda m, x, y: F.cross_entropy(m(x), y))
     assert "loss" in unsupported(mlp, prox, "on")  # FedProx, FedNTD, MOON: per-node path
     bn = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
@@ -121,9 +124,9 @@ def _run(tmp_path: Path, alg: str, mode: str, monkeypatch, **over) -> tuple[Simu
     calls = [0]
     orig = cohort.train_cohort
 
-    def counting(model, jobs):
+    def counting(model, jobs, *rest):
         calls[0] += len(jobs)
-        return orig(model, jobs)
+        return orig(model, jobs, *rest)
 
     monkeypatch.setattr(cohort, "train_cohort", counting)
     c = digits_config(tmp_path / f"{alg}-{mode}", alg, rounds=2, **over)
@@ -181,3 +184,99 @@ def test_a_diverging_node_is_reported_as_on_the_per_node_path(tmp_path: Path, mo
     per = {mode: [r.get("faults/diverged", 0) for r in sim.result.metrics] for mode, (sim, _) in runs.items()}
     assert per["off"] == per["auto"] == [0, 1, 1]
     assert math.isnan(runs["auto"][0].executor.states[3]["loss"])
+
+
+# -- the FMNIST CNN's hand-written cohort step (lowband.engine.cohort_cnn) -------------------------
+def _cnn_init() -> dict:
+    return build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0).state_dict()
+
+
+def _cnn_job(node: int, n: int, **kw) -> SGDJob:
+    g = torch_gen(7, "data", node)
+    params = {k: v.detach() + 0.01 * torch.randn(v.shape, generator=g) for k, v in _cnn_init().items()}
+    args = dict(epochs=2, batch_size=16, lr=0.05)
+    args.update(kw)
+    return SGDJob(params=params, x=torch.randn(n, 1, 28, 28, generator=g), y=torch.randint(0, 10, (n,), generator=g),
+                  gen=torch_gen(3, "alg", 1, node, "local"), **args)
+
+
+@pytest.mark.parametrize("kw", SETTINGS, ids=["plain", "momentum-wd", "nesterov-clip", "droplast-maxsteps"])
+def test_cnn_cohort_equals_per_node_sgd(kw: dict) -> None:
+    """Unequal sizes (unequal step counts, last batches), unequal epochs, an empty node:
+    each node's parameters and stats are sgd_train's within float tolerance, and its dropout
+    generator ends where the per-node path leaves the global RNG (the same masks drawn)."""
+    model = build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0)
+    specs = [(0, 37, {}), (1, 50, {}), (2, 5, {}), (3, 0, {}), (4, 20, {"epochs": 3})]
+    ref, after = [], []
+    for i, n, e in specs:
+        torch.manual_seed(1000 + i)
+        ref.append(_cnn_job(i, n, **{**kw, **e}).run(model))
+        after.append(torch.get_rng_state())
+    gens = [torch.Generator().manual_seed(1000 + i) for i, _, _ in specs]
+    got = train_cohort(model, [_cnn_job(i, n, **{**kw, **e}) for i, n, e in specs], gens)
+    for (p_ref, s_ref), (p, s), g, a in zip(ref, got, gens, after):
+        assert _close(p, p_ref, 1e-5), kw
+        assert all(v.is_contiguous() and not v.requires_grad for v in p.values())
+        assert (s.steps, s.samples) == (s_ref.steps, s_ref.samples)
+        assert (math.isnan(s.loss) and math.isnan(s_ref.loss)) or abs(s.loss - s_ref.loss) < 1e-5
+        assert torch.equal(g.get_state(), a)
+    moved = max(float((got[1][0][k] - _cnn_job(1, 50).params[k]).abs().max()) for k in got[1][0])
+    assert moved > 1e-2  # the check has teeth
+
+
+def test_cnn_cohort_result_does_not_depend_on_its_cohort() -> None:
+    """Bit for bit: alone (beside a dummy), with one other, with five at other positions."""
+    model = build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0)
+    alone = train_cohort(model, [_cnn_job(1, 50)], [torch.Generator().manual_seed(1)])[0][0]
+    for others in ([0], [2, 4, 0, 5, 6]):
+        gens = [torch.Generator().manual_seed(n) for n in [*others, 1]]
+        mixed = train_cohort(model, [_cnn_job(i, 9 + 13 * i) for i in others] + [_cnn_job(1, 50)], gens)[-1][0]
+        assert all(torch.equal(alone[k], mixed[k]) for k in alone)
+
+
+def _cnn_config(root: Path, **top) -> dict:
+    """FedAvg with the FMNIST CNN on 16x16 random images (an npz user dataset): 6 clients."""
+    import numpy as np
+
+    g = np.random.default_rng(0)
+    np.savez(root / "img.npz", x=g.standard_normal((240, 1, 16, 16)).astype(np.float32),
+             y=g.integers(0, 4, 240).astype(np.int64))
+    return {"name": "cnn", "seed": 2, "rounds": 2, "threads": 1, "out_dir": str(root / "run"),
+            "data": {"dataset": "npz", "path": str(root / "img.npz"), "num_clients": 6, "partition": "dirichlet",
+                     "alpha": 0.5, "split": [0.75, 0.0, 0.25]},
+            "model": {"name": "cnn_fmnist"},
+            "algorithm": {"name": "fedavg", "local_epochs": 2, "batch_size": 8, "lr": 0.05},
+            "topology": {"kind": "star", "sampling": "count", "count": 4}, **top}
+
+
+def test_cnn_run_with_cohorts(tmp_path: Path, monkeypatch) -> None:
+    """FedAvg with the FMNIST CNN: "auto" trains in cohorts, within float tolerance of the
+    per-node run, and a two-worker pool (its own cohorts, nodes visiting) gives the serial
+    cohort run's bytes exactly."""
+    runs = {}
+    for name, engine in [("off", {"vectorize": "off", "workers": 1}), ("auto", {"vectorize": "auto", "workers": 1}),
+                         ("pool", {"vectorize": "auto", "workers": 2})]:
+        (tmp_path / name).mkdir()
+        calls = [0]
+        orig = cohort.train_cohort
+
+        def counting(model, jobs, *rest, calls=calls, orig=orig):
+            calls[0] += len(jobs)
+            return orig(model, jobs, *rest)
+
+        monkeypatch.setattr(cohort, "train_cohort", counting)
+        sim = Simulation(validate(_cnn_config(tmp_path / name, engine=engine)))
+        sim.result = sim.run()
+        runs[name] = (sim, calls[0], (Path(sim.result.run_dir) / "metrics.jsonl").read_text())
+        monkeypatch.setattr(cohort, "train_cohort", orig)
+    off, auto, pool = runs["off"], runs["auto"], runs["pool"]
+    assert off[1] == 0 and auto[1] == 8  # 4 clients x 2 rounds, all in cohorts
+    assert pool[2] == auto[2]  # byte-identical across backends
+    srv_off, srv_auto = off[0].executor.states[-1]["params"], auto[0].executor.states[-1]["params"]
+    assert _close(srv_off, srv_auto, 1e-5)
+    for a, b in zip(off[0].result.metrics, auto[0].result.metrics):
+        for k, v in a.items():
+            if k.startswith("bytes/"):
+                assert v == b[k], k
+            elif isinstance(v, float):
+                assert abs(v - b[k]) < 1e-4, k

@@ -57,16 +57,31 @@ def _same_states(a: dict, b: dict) -> None:
     _same(a, b, "states")
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg", "fedcspack"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "dfedavg", "fedcspack", "fedala"])
 def test_pool_matches_serial(tmp_path: Path, algorithm: str) -> None:
-    """A server method, a peer method and FedCSPACK (variable-shape packs, masks): the same
-    bytes in metrics.jsonl, the same ledger rows in the same order, the same final state
-    of every node, with the nodes living in two worker processes."""
+    """A server method, a peer method, FedCSPACK (variable-shape packs, masks) and FedALA
+    (personal models and aggregation weights in the client states): the same bytes in
+    metrics.jsonl, the same ledger rows in the same order, the same final state of every
+    node, with the nodes living in two worker processes and some of each round's actors
+    visiting the other worker (balanced placement: their states move there and back)."""
     serial = _run(digits_config(tmp_path / "serial", algorithm, rounds=2), 1)
     par = _run(digits_config(tmp_path / "pool", algorithm, rounds=2), 2)
     assert isinstance(serial.executor, SerialExecutor)
     assert isinstance(par.executor, PoolExecutor) and par.executor.num_workers == 2
+    assert par.executor.visits > 0  # the digits cohorts are uneven: nodes did move
     assert len(_metrics(serial).splitlines()) == 3 and _metrics(serial) == _metrics(par)
+    _same_ledger(serial, par)
+    _same_states(serial.executor.states, par.executor.states)
+
+
+def test_visitors_carry_their_data_to_spawned_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spawned workers hold only their own nodes' data: a visiting node's data travels
+    with its state (and leaves with it), and the run is still the serial run."""
+    monkeypatch.setattr("lowband.engine.pool.mp.get_all_start_methods", lambda: ["spawn"])
+    serial = _run(digits_config(tmp_path / "serial", "fedala", rounds=2), 1)
+    par = _run(digits_config(tmp_path / "pool", "fedala", rounds=2), 2)
+    assert not par.executor.data_everywhere and par.executor.visits > 0
+    assert _metrics(serial) == _metrics(par)
     _same_ledger(serial, par)
     _same_states(serial.executor.states, par.executor.states)
 
@@ -85,6 +100,7 @@ def test_pool_faults_stateful_codec_and_resume(tmp_path: Path) -> None:
     par = _run(cfg("pool", 3), 2)
     ms = _metrics(serial)
     assert ms == _metrics(par) and '"faults/dropped"' in ms
+    assert par.executor.visits > 0  # codec states travelled with visiting senders
     _same_ledger(serial, par)
     a, b = serial.network.codec_state_dict(), par.executor.codec_state_dict()
     assert list(a) == list(b) and len(a) >= 4

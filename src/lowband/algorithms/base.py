@@ -156,6 +156,11 @@ class Algorithm(ABC):
     #: 30-node round, cross the workers' pipes; benchmarks/README.md). An explicit
     #: ``workers = N`` still starts the pool.
     auto_workers: ClassVar[bool] = True
+    #: False where a node's step keeps per-node work in its place between rounds (NTK-DFL
+    #: and SPARK cache each node's X P products on the worker): the balanced placement of
+    #: sharded backends (lowband.engine.placement) then keeps every node at home, where
+    #: visits would recompute (and cache twice) what the home place holds
+    visiting: ClassVar[bool] = True
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp

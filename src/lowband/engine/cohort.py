@@ -14,8 +14,12 @@ take a hand-written forward and backward (:func:`_train_mlp`: one ``baddbmm`` / 
 layer and direction for all the cohort's nodes, plain SGD fused into the weight-gradient
 products), about 1.8x cheaper per node-step than ``vmap`` + autograd on the 784-100-10 MLP
 (186 vs 331 us at 16 nodes, one thread); any other supported model takes ``vmap`` of the
-forward and eager autograd (:func:`_train_vmap`). Both equal the per-node path within
-float tolerance (tests/test_cohort.py runs each). Each node's trained weights are finished
+forward and eager autograd (:func:`_train_vmap`). The FMNIST CNN (``cnn_fmnist``) takes
+its own step (:mod:`lowband.engine.cohort_cnn`: grouped convolutions over the nodes,
+channels-last, batched fully connected layers; its dropout masks drawn from per-node
+generators that reproduce the per-node path's), 1.6x cheaper per node-step than the
+per-node path (1.5 vs 2.4 ms at 5 nodes of FedAvg's FMNIST round, one core). All equal the
+per-node path within float tolerance (tests/test_cohort.py runs each). Each node's trained weights are finished
 (its ``finish`` called, its new state stored) as soon as its cohort is done, so two sets
 of all nodes' weights are never held at once.
 
@@ -31,14 +35,16 @@ is ``torch.optim.SGD``'s (weight decay, heavy-ball or Nesterov momentum reset ev
 
 **What is refused** (the node then runs the per-node path, unchanged): a model with
 buffers (BatchNorm running statistics), dropout (its masks come from the global RNG the
-per-node path seeds per node), normalisation layers or recurrent modules; a job with a
+per-node path seeds per node; the FMNIST CNN's step reproduces them, on CPUs),
+normalisation layers or recurrent modules; a job with a
 loss other than plain cross-entropy (FedProx's proximal term, FedNTD, MOON), a trainable
 subset, extra tensors or a gradient hook (SCAFFOLD, FedSPU, FedDBE).
 
 **When it is used** (``engine.vectorize``): ``"off"`` never; ``"on"`` for every supported
 job; ``"auto"`` (default) where it was measured to pay: models whose every parameter
-belongs to an ``nn.Linear`` (MLPs, logistic regression). Convolutions are excluded: vmapped
-convolutions were slower than direct ones on CPU (docs/user-guide.md, "Engine options").
+belongs to an ``nn.Linear`` (MLPs, logistic regression) and the FMNIST CNN on a CPU. Other
+convolutional models are excluded: vmapped convolutions were slower than direct ones on
+CPU (docs/user-guide.md, "Engine options").
 The rule depends only on the model and the job, never on timings or on how many nodes a
 backend happens to hold, so every backend takes the same path and gets the same bytes.
 
@@ -67,6 +73,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowband.engine.cohort_cnn import is_cohort_cnn, train_cnn
 from lowband.seeding import derive_seed
 from lowband.train import LossFn, Params, TrainStats, batches, cross_entropy, diverged_count, note_divergence, \
     sgd_train
@@ -167,6 +174,8 @@ def _model_support(model: nn.Module) -> tuple[Optional[str], bool]:
 
 
 def _inspect(model: nn.Module) -> tuple[Optional[str], bool]:
+    if is_cohort_cnn(model):  # its hand-written step draws the per-node path's dropout masks
+        return None, False
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. BatchNorm running statistics)", False
     linear_only = True
@@ -188,8 +197,11 @@ def unsupported(model: nn.Module, job: SGDJob, mode: str) -> Optional[str]:
     why, linear_only = _model_support(model)
     if why:
         return why
-    if mode == "auto" and not linear_only:
-        return "auto: only Linear-layer models were measured to pay"
+    cnn = is_cohort_cnn(model)
+    if mode == "auto" and not linear_only and not cnn:
+        return "auto: only Linear-layer models and the FMNIST CNN were measured to pay"
+    if cnn and (job.x.device.type != "cpu" or next(model.parameters()).device.type != "cpu"):
+        return "the CNN's cohort step runs on CPUs only (it reproduces the CPU generator's dropout masks)"
     if job.loss_fn is not cross_entropy:
         return "a custom loss"
     if job.grad_hook is not None:
@@ -225,12 +237,16 @@ def _schedule(job: SGDJob) -> list[torch.Tensor]:
     return out
 
 
-def train_cohort(model: nn.Module, jobs: Sequence[SGDJob]) -> list[tuple[Params, TrainStats]]:
-    """Run every job's local SGD at once with ``vmap`` over stacked parameters.
+def train_cohort(model: nn.Module, jobs: Sequence[SGDJob],
+                 rngs: Optional[Sequence[torch.Generator]] = None) -> list[tuple[Params, TrainStats]]:
+    """Run every job's local SGD at once over stacked parameters.
 
     All jobs share ``batch_size``, ``lr``, ``momentum``, ``nesterov``, ``weight_decay``
     and ``grad_clip`` (the caller groups them); data sizes, epochs and ``max_steps`` may
-    differ. Returns, per job, what ``job.run(model)`` returns, within float tolerance."""
+    differ. Returns, per job, what ``job.run(model)`` returns, within float tolerance.
+    ``rngs``: per job, a generator in the state the global RNG has when the per-node path
+    trains (the FMNIST CNN's dropout masks are drawn from it, which advances it as the
+    per-node path advances the global RNG); needed for that model only."""
     j0 = jobs[0]
     B = j0.batch_size
     sd_keys = list(model.state_dict().keys())
@@ -249,6 +265,11 @@ def train_cohort(model: nn.Module, jobs: Sequence[SGDJob]) -> list[tuple[Params,
         scheds.append(_schedule(job))
     if not live:
         return results  # type: ignore[return-value]
+    layers = mlp_layers(model)
+    cnn = layers is None and is_cohort_cnn(model)
+    if cnn:  # longest schedules first: each step trains a prefix of the cohort (train_cnn)
+        order = sorted(range(len(live)), key=lambda c: -len(scheds[c]))
+        live, scheds = [live[c] for c in order], [scheds[c] for c in order]
     G = len(live)
     T = max(len(s) for s in scheds)
     x0 = jobs[live[0]].x
@@ -277,43 +298,60 @@ def train_cohort(model: nn.Module, jobs: Sequence[SGDJob]) -> list[tuple[Params,
     for c, t in enumerate(last):
         ends.setdefault(t, []).append(c)
 
-    layers = mlp_layers(model)
     params = {k: torch.stack([jobs[g].params[k].detach().to(like[k].dtype) for g in live]).to(dev)
               for k in names}
-    if layers is None:
+    gens: list[Optional[torch.Generator]] = []
+    if cnn:
+        if rngs is None:
+            raise ValueError("train_cohort: the FMNIST CNN's cohort step needs each job's dropout generator (rngs)")
+        gens = [rngs[g] for g in live]
+        if G == 1:  # a lone node trains beside a zero dummy (one group takes another kernel)
+            params = {k: torch.cat([v, torch.zeros_like(v)]) for k, v in params.items()}
+            index = torch.cat([index, torch.full_like(index, pad)], 1)
+            mask = torch.cat([mask, torch.zeros_like(mask)], 1)
+            counts = torch.cat([counts, torch.zeros_like(counts)], 1)
+            denom = torch.cat([denom, torch.ones_like(denom)], 1)
+            gens.append(None)
+    elif layers is None:
         params = {k: v.requires_grad_() for k, v in params.items()}
     ps = [params[k] for k in names]
     bufs = [torch.zeros_like(p) for p in ps] if j0.momentum else []
     model.train()
     final: list[Optional[list[torch.Tensor]]] = [None] * G
 
-    def update(grads: list[torch.Tensor], t: int) -> None:
-        """torch.optim.SGD's foreach steps, per node (step ``t``)."""
+    def update(grads: list[torch.Tensor], t: int, k: Optional[int] = None) -> None:
+        """torch.optim.SGD's foreach steps, per node (step ``t``); ``k``: the gradients are
+        those of the first ``k`` nodes only (the others' schedules have ended)."""
+        ps_, bufs_ = (ps, bufs) if k is None else ([p[:k] for p in ps], [b[:k] for b in bufs])
         with torch.no_grad():
             if j0.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_, per node
                 norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], 1).norm(dim=1)
                 coef = (j0.grad_clip / (norms + 1e-6)).clamp(max=1.0)
                 grads = [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
             if j0.weight_decay:
-                grads = torch._foreach_add(grads, ps, alpha=j0.weight_decay)
+                grads = torch._foreach_add(grads, ps_, alpha=j0.weight_decay)
             if j0.momentum:
-                torch._foreach_mul_(bufs, j0.momentum)
-                torch._foreach_add_(bufs, grads)
-                d = torch._foreach_add(grads, bufs, alpha=j0.momentum) if j0.nesterov else bufs
+                torch._foreach_mul_(bufs_, j0.momentum)
+                torch._foreach_add_(bufs_, grads)
+                d = torch._foreach_add(grads, bufs_, alpha=j0.momentum) if j0.nesterov else bufs_
             else:
                 d = grads
-            torch._foreach_add_(ps, d, alpha=-j0.lr)
+            torch._foreach_add_(ps_, d, alpha=-j0.lr)
 
     def read_ends(t: int) -> None:
         for c in ends.get(t, ()):  # nodes whose schedule ends here: read them now
-            final[c] = [p[c].clone() for p in ps]
+            final[c] = [p[c].detach().clone(memory_format=torch.contiguous_format) for p in ps]
 
     if layers is not None:  # the hand-written forward and backward of a Linear-ReLU stack
         values = _train_mlp(layers, params, names, xcat, ycat, index, mask, denom, j0, update, read_ends)
+    elif cnn:  # the FMNIST CNN's: grouped convolutions over the nodes (ps: its leaves)
+        values = train_cnn(params, names, xcat, ycat, index, mask, counts, denom, gens, update, read_ends, ps)
+        values = [v[:G] for v in values]
     else:
         values = _train_vmap(model, params, ps, xcat, ycat, index, mask, denom, update, read_ends)
 
     vals = torch.stack(values).double().cpu()  # (T, G)
+    counts = counts[:, :G]  # (without a dummy)
     cnt = counts.double()
     totals = torch.where(cnt > 0, vals * cnt, torch.zeros((), dtype=torch.float64)).sum(0)
     for c, g in enumerate(live):
@@ -463,11 +501,14 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
         size = cohort_size(model, pending[members[0]][3].x.device)
         for i in range(0, len(members), size):
             chunk = members[i : i + size]
-            for node, (params, stats) in zip(chunk, train_cohort(model, [pending[n][3] for n in chunk])):
+            gens = [torch.Generator() for _ in chunk]
+            for g, n in zip(gens, chunk):  # the global RNG as the step's own path would train with it
+                g.set_state(pending[n][4])
+            for node, g, (params, stats) in zip(chunk, gens, train_cohort(model, [pending[n][3] for n in chunk], gens)):
                 # finished at once: the node's old state and its job are dropped before the
                 # next cohort trains (memory: two sets of all nodes' weights are never held)
-                ctx, state, inbox, _, rng = pending.pop(node)
-                torch.set_rng_state(rng)  # where the step's own path would be after training
+                ctx, state, inbox, _, _ = pending.pop(node)
+                torch.set_rng_state(g.get_state())  # where the step's own path would be after training
                 before = diverged_count()
                 if stats.samples and not math.isfinite(stats.loss):
                     note_divergence()

@@ -1,12 +1,16 @@
 """Parallel local workers: the step calls of one step run in worker processes.
 
 ``[engine] workers = "auto" | N`` (default ``"auto"``). ``N > 1`` starts ``N`` worker
-processes at the start of the run; each is a :class:`~lowband.engine.rounds.Place` owning a
-contiguous block of nodes (their data, inherited from the parent when the platform forks,
-their states, one module per architecture, their codec states), exactly as a Ray shard
-does, so the round is the one round loop of :mod:`lowband.engine.rounds`: node states
-stay in the workers, only the step's arguments, the encoded messages between workers and
-the ledger records cross the pipes. Each worker runs ``threads`` torch threads (the
+processes at the start of the run; each is a :class:`~lowband.engine.rounds.Place`, the
+home of a contiguous block of nodes (their data, inherited from the parent when the
+platform forks, their states, one module per architecture, their codec states), exactly
+as a Ray shard is, so the round is the one round loop of :mod:`lowband.engine.rounds`:
+node states stay in the workers, only the step's arguments, the encoded messages between
+workers, the ledger records and the states of visiting nodes cross the pipes. Placement
+is balanced per round (:mod:`lowband.engine.placement`): when a round's actors are
+unevenly spread over the homes (FedAvg's 10 sampled clients of 100), some visit the
+other worker for the round, their states (and codec states) moving there and back; a
+forked worker holds every node's data (shared pages), so the data stays put. Each worker runs ``threads`` torch threads (the
 config's ``threads``, else ``cores // workers``), so the workers never oversubscribe the
 cores. Results are byte-identical to ``workers = 1`` run with the same ``threads``
 (tests/test_pool.py): torch's float reductions depend on the thread count, not on the
@@ -252,6 +256,11 @@ class PoolExecutor(ShardedExecutor):
         self.threads = int(threads or max(1, usable_cores() // self.num_workers))
         method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         ctx = mp.get_context(method)
+        # balanced placement: a round's actors may visit the other worker; forked workers
+        # hold every node's data (the parent's pages, shared, not copied), spawned ones
+        # their own nodes' and receive a visitor's data with its state
+        self.balance = True
+        self.data_everywhere = method == "fork"
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         # forked workers share the parent's pages until written; the collector would write
@@ -263,7 +272,8 @@ class PoolExecutor(ShardedExecutor):
         try:
             for j in range(self.num_workers):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child, self.shard_env(j), j, self.num_workers, self.threads),
+                env_j = self.shard_env(j, all_data=self.data_everywhere)
+                proc = ctx.Process(target=_serve, args=(child, env_j, j, self.num_workers, self.threads),
                                    daemon=True, name=f"lowband-worker-{j}")
                 proc.start()
                 child.close()

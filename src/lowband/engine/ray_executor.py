@@ -2,9 +2,12 @@
 
 ``executor = "ray"`` (extra ``lowband[ray]``; how-to in docs/scale.md). Design:
 
-- **Shards, not tasks.** ``ray_workers`` actors each own a contiguous block of nodes
-  (node ``i`` lives on shard ``i * W // N``; the server on shard 0): their data (shipped
-  once, at start), their states and one module per architecture. Each shard is a
+- **Shards, not tasks.** ``ray_workers`` actors are each the home of a contiguous block
+  of nodes (node ``i`` lives on shard ``i * W // N``; the server on shard 0): their data
+  (shipped once, at start), their states and one module per architecture. A round whose
+  actors are unevenly spread over the homes lets some visit another shard for the round
+  (balanced placement, :mod:`lowband.engine.placement`): state, codec states and data
+  travel there through the object store and come back at the end of the round. Each shard is a
   :class:`~lowband.engine.rounds.Place` and the round is the one round loop of
   :mod:`lowband.engine.rounds` (the serial run's and the worker pool's): every node
   computes bit for bit what it computes in the serial executor (given the same torch
@@ -127,6 +130,8 @@ class RayExecutor(ShardedExecutor):
         actor = ray.remote(_Shard).options(num_cpus=per, scheduling_strategy="SPREAD", max_concurrency=1)
         self.workers = [actor.remote(j, self.num_workers, self.shard_env(j), self.threads)
                         for j in range(self.num_workers)]
+        # balanced placement: a round's actors may visit another shard, their data with them
+        self.balance = True
         self.worker_info = ray.get([w.info.remote() for w in self.workers])
         self._plan_ref: Optional[tuple[RoundPlan, Any]] = None
         self._puts = PutCache(16)

@@ -7,10 +7,21 @@ only code that plays them; backends decide *where* the step calls run and nothin
 data, their states, one module per architecture, see
 :class:`~lowband.engine.executor.SerialExecutor`), the codec states of those nodes as
 senders (error-feedback residuals, warm starts: :attr:`Network.codec_states`), and the
-messages waiting for them. Node ``i`` lives in place :func:`place_of` (contiguous blocks,
+messages waiting for them. Node ``i``'s home is place :func:`place_of` (contiguous blocks,
 the server in place 0). A serial run has one place, in this process; the worker-process
 pool (:mod:`lowband.engine.pool`) and Ray (:mod:`lowband.engine.ray_executor`) have one
 place per worker.
+
+**Balanced placement.** A round's actors may be unevenly spread over the homes (FedAvg's
+sampled clients), and a step waits for its busiest place. A sharded backend therefore
+places each round (:meth:`ShardedExecutor.begin_round`, the choice in
+:mod:`lowband.engine.placement`): some actors *visit* another place for the round, with
+everything a place keeps per node (:meth:`Place.relocate`: the state, the codec states
+as sender and as EF21 receiver, unacknowledged EF21 messages, and the data where that
+place lacks it), and go home when the round ends (:meth:`ShardedExecutor.end_round`), so
+between rounds (evaluation, checkpoints) every node is at home. Within the round every
+place routes messages by the round's placement (:meth:`Place.where`). Where a node runs
+never changes what it computes.
 
 **One step, on one place** (:meth:`Place.step`, the same code in every backend):
 
@@ -73,6 +84,7 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.network import Ack, CodecConfig, Network
 from lowband.comm.validate import ExpectedShapes, InvalidMessageError, Rejection, ValidationPolicy, Validator
 from lowband.engine.executor import NodeEnv, SerialExecutor, ServerData
+from lowband.engine.placement import balanced_placement, node_work
 from lowband.faults import NO_FAULTS, RoundFaults
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
@@ -208,8 +220,13 @@ class Place:
         self.index, self.num_places = index, num_places
         env = ex.env
         self.num_nodes = env.num_nodes
-        self.nodes = [i for i, d in enumerate(env.node_data) if d is not None]
+        #: the nodes whose home this place is (a place may hold other nodes' data too)
+        self.nodes = [i for i, d in enumerate(env.node_data)
+                      if d is not None and place_of(i, self.num_nodes, num_places) == index]
         self.has_server = index == 0 and env.algorithm.has_server
+        #: this round's nodes away from their home place: node -> the place running it
+        self.away: dict[int, int] = {}
+        self._borrowed: set[int] = set()  # visitors whose data came with them
         self._local: list[Item] = []
         self._network: Optional[tuple[CodecConfig, int, Optional[ValidationPolicy], Network]] = None
         self._codec_home = codec_home
@@ -263,9 +280,14 @@ class Place:
         net.codec_states = self.codec_states
         net.in_flight = self._in_flight
         if self.num_places > 1:
-            n, w, here = self.num_nodes, self.num_places, self.index
-            net.remote = lambda node: place_of(node, n, w) != here
+            here, where = self.index, self.where
+            net.remote = lambda node: where(node) != here
         return net
+
+    def where(self, node: int) -> int:
+        """The place running ``node`` this round (its home unless it visits another)."""
+        j = self.away.get(node)
+        return place_of(node, self.num_nodes, self.num_places) if j is None else j
 
     def apply_acks(self, codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy],
                    acks: list[Ack]) -> None:
@@ -306,6 +328,40 @@ class Place:
     def set_states(self, states: dict[int, State]) -> None:
         self.ex.states = dict(states)
 
+    # -- visits (balanced placement: lowband.engine.placement) ---------------------------------
+    def relocate(self, away: dict[int, int], leaving: list[int], ship_data: bool) -> dict[int, tuple]:
+        """Take ``away`` as the round's placement and hand over the ``leaving`` nodes held
+        here: for each, ``(state, codec states, EF21 messages in flight, data)`` (its data
+        only with ``ship_data`` and when it goes to a place that is not its home, where the
+        data lives), for :meth:`arrive` at its new place. Everything a place keeps per node
+        travels: the node's state, its codec states (as a sender, and its mirrors as an
+        EF21 receiver) and its unacknowledged EF21 messages."""
+        self.away = dict(away)
+        out: dict[int, tuple] = {}
+        for n in leaving:
+            dest = self.where(n)
+            home = place_of(n, self.num_nodes, self.num_places)
+            flying = {k: v for k, v in self._in_flight.items() if k[0] == n}
+            for k in flying:
+                del self._in_flight[k]
+            data = self.ex.env.node_data[n] if ship_data and dest != home else None
+            if n in self._borrowed:
+                self._borrowed.discard(n)
+                self.ex.env.node_data[n] = None
+            out[n] = (self.ex.states.pop(n), self.codec_states.pop(n, None), flying, data)
+        return out
+
+    def arrive(self, visitors: dict[int, tuple]) -> None:
+        """Install the nodes handed over by another place's :meth:`relocate`."""
+        for n, (state, codec, flying, data) in visitors.items():
+            self.ex.states[n] = state
+            if codec is not None:
+                self.codec_states[n] = codec
+            self._in_flight.update(flying)
+            if data is not None:
+                self.ex.env.node_data[n] = data
+                self._borrowed.add(n)
+
     # -- work --------------------------------------------------------------------------------
     def step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
              codecs: CodecConfig, seed: int, policy: Optional[ValidationPolicy], faults: RoundFaults,
@@ -336,7 +392,7 @@ class Place:
         del self.ex.diverged[before:]
         records, self._local, bundles = send(
             net, round, outboxes, here=self.index, num_places=self.num_places, last=last, share=self.share,
-            where=lambda d: place_of(d, self.num_nodes, self.num_places))
+            where=self.where)
         return ((records, net.rejections, diverged, net.acks), *[b or None for b in bundles])
 
     def run_step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
@@ -393,7 +449,27 @@ class RoundLoop:
     def play(self, steps: Sequence[Step], round: int, plan: RoundPlan, faults: RoundFaults = NO_FAULTS,
              clock: Any = None) -> list[tuple[int, int]]:
         """Run ``steps``; append the ledger records, the receivers' refusals
-        (``network.rejections``); return the divergences ``(round, node)``."""
+        (``network.rejections``); return the divergences ``(round, node)``. A backend with
+        ``begin_round(steps, round, plan)`` / ``end_round()`` (a sharded one) may place
+        the round's actors for balance before the steps and bring them home after."""
+        begin, end = getattr(self.backend, "begin_round", None), getattr(self.backend, "end_round", None)
+        if begin is not None:
+            begin(steps, round, plan)
+        try:
+            diverged = self._play(steps, round, plan, faults, clock)
+        except BaseException:
+            if end is not None:
+                try:
+                    end()
+                except Exception:  # never mask the error that stopped the round
+                    pass
+            raise
+        if end is not None:
+            end()
+        return diverged
+
+    def _play(self, steps: Sequence[Step], round: int, plan: RoundPlan, faults: RoundFaults,
+              clock: Any) -> list[tuple[int, int]]:
         net = self.network
         policy = net.validator.policy if net.validator is not None else None
         late: Late = frozenset()
@@ -428,11 +504,20 @@ class ShardedExecutor:
 
     env: NodeEnv
     num_workers: int
+    #: balanced placement (:meth:`begin_round`): a round's actors may visit other places
+    balance: bool = False
+    #: every place holds every node's data (forked workers share the parent's pages), so a
+    #: visiting node's data need not travel with it
+    data_everywhere: bool = False
 
     def __init__(self) -> None:
         #: (round, node) of the steps whose local training diverged (see SerialExecutor)
         self.diverged: list[tuple[int, int]] = []
         self._bundles: Optional[list[list[Any]]] = None
+        #: this round's visiting nodes: node -> the place running it (empty between rounds)
+        self._away: dict[int, int] = {}
+        #: nodes moved by balanced placement so far (each visit counts once)
+        self.visits = 0
 
     # -- transport ---------------------------------------------------------------------------
     def _submit(self, j: int, method: str, *args: Any) -> Any:
@@ -449,15 +534,22 @@ class ShardedExecutor:
         return plan
 
     # -- setup -------------------------------------------------------------------------------
-    def shard_env(self, j: int) -> NodeEnv:
-        """Place ``j``'s view of the environment: its nodes' data only (and the server's in place 0)."""
+    def shard_env(self, j: int, all_data: bool = False) -> NodeEnv:
+        """Place ``j``'s view of the environment: its nodes' data only, or every node's
+        with ``all_data`` (and the server's in place 0)."""
         n, w = self.env.num_nodes, self.num_workers
-        data = [d if place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
+        data = [d if all_data or place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
         server = self.env.server_data if j == 0 else ServerData(torch.empty(0), torch.empty(0, dtype=torch.long))
         return dataclasses.replace(self.env, node_data=data, server_data=server)
 
-    def shard(self, node: int) -> int:
+    def home(self, node: int) -> int:
+        """The place where ``node`` lives between rounds."""
         return place_of(node, self.env.num_nodes, self.num_workers)
+
+    def shard(self, node: int) -> int:
+        """The place running ``node`` now (its home, unless it visits another this round)."""
+        j = self._away.get(node)
+        return self.home(node) if j is None else j
 
     def _split(self, nodes: Iterable[int]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in range(self.num_workers)]
@@ -470,6 +562,46 @@ class ShardedExecutor:
 
     def _all(self, method: str, args: Sequence[Sequence[Any]]) -> list[Any]:
         return self._wait([self._submit(j, method, *a) for j, a in enumerate(args)])
+
+    # -- balanced placement ---------------------------------------------------------------------
+    def begin_round(self, steps: Sequence[Step], round: int, plan: RoundPlan) -> None:
+        """With :attr:`balance`: let some of the round's actors visit other places so that
+        the places get about equal work (:func:`lowband.engine.placement.balanced_placement`,
+        work by training samples); their states travel there and back (:meth:`end_round`)."""
+        if not self.balance or self.num_workers <= 1 or not getattr(self.env.algorithm, "visiting", True):
+            return
+        work: dict[int, float] = {}
+        for step in steps:
+            for a in step.actors:
+                a = int(a)
+                if a != SERVER:
+                    work[a] = work.get(a, 0.0) + node_work(self.env.node_data[a].n_train)
+        away = balanced_placement(work, self.home, self.num_workers)
+        self.visits += len(away)
+        self._relocate(away)
+
+    def end_round(self) -> None:
+        """Bring the visiting nodes home (between rounds every node is at home: evaluation,
+        checkpoints and the plain executor protocol see the fixed placement)."""
+        if self._away:
+            self._relocate({})
+
+    def _relocate(self, away: dict[int, int]) -> None:
+        """Make ``away`` the placement: hand the nodes that change place over, and tell
+        every place where each node runs (its messages are routed there)."""
+        old, w = self._away, self.num_workers
+        new_at = lambda n: away.get(n, self.home(n))  # noqa: E731
+        moving = sorted(n for n in set(old) | set(away) if self.shard(n) != new_at(n))
+        leaving: list[list[int]] = [[] for _ in range(w)]
+        for n in moving:
+            leaving[self.shard(n)].append(n)
+        ship = not self.data_everywhere
+        arrivals: list[dict[int, tuple]] = [{} for _ in range(w)]
+        for part in self._all("relocate", [(dict(away), leaving[j], ship) for j in range(w)]):
+            for n, pack in part.items():
+                arrivals[new_at(n)][n] = pack
+        self._away = dict(away)
+        self._wait([self._submit(j, "arrive", arrivals[j]) for j in range(w) if arrivals[j]])
 
     # -- the round (see RoundLoop) ------------------------------------------------------------
     def step_places(self, step: Step, round: int, plan: RoundPlan, codecs: CodecConfig, seed: int,
@@ -558,7 +690,7 @@ class ShardedExecutor:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         parts: list[dict[int, State]] = [{} for _ in range(self.num_workers)]
         for k, v in sd.items():
-            parts[self.shard(int(k))][int(k)] = v
+            parts[self.home(int(k))][int(k)] = v
         self._all("set_states", [(p,) for p in parts])
 
     def codec_state_dict(self) -> dict[str, Any]:
@@ -572,7 +704,7 @@ class ShardedExecutor:
         """Scatter checkpointed codec states to the places of their senders."""
         parts: list[dict[str, Any]] = [{} for _ in range(self.num_workers)]
         for k, v in sd.items():
-            parts[self.shard(int(k))][k] = v
+            parts[self.home(int(k))][k] = v
         self._all("set_codec_states", [(p,) for p in parts])
 
 

@@ -182,6 +182,8 @@ class KernelDFL(Algorithm):
     default_protocols = ("consensus", "node_global")
     default_main = "consensus/acc"
     Hyperparams = KernelDFLHP
+    #: each node's X P products are cached where it lives (xp_cache): no visits
+    visiting = False
     #: per-example payloads of a (sub)sampled training batch of the neighbour (SPARK too)
     unaligned_kinds = {"residual": ("peer",), "jacobian": ("peer",), "logits": ("peer",)}
 
