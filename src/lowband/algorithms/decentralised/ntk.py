@@ -592,10 +592,13 @@ class Projection:
         with ``Q[n, j] = x_n^T P1[:, j] + P_b1[j]`` (:meth:`xp`; it does not depend on the
         weights: computed once per node and run by a caller that keeps it). Two GEMMs per
         weight vector instead of :meth:`jacobian_mlp_general`'s three (its ``G P_b1`` product
-        is folded into ``Q``), the same products up to float rounding (tested). The first
-        term is one ``addmm`` into the output; the last is one bmm per chunk of ``chunk``
-        samples over the weight vectors' ``G`` stacked along the class axis (``Q``, the big
-        read, is read once for all of them), accumulated into the output."""
+        is folded into ``Q``), the same products up to float rounding (tested).
+
+        The ``w`` weight vectors of a call share one buffer laid out ``(n, w, C, k)``: the
+        first term is one ``addmm`` for all of them (their ``h`` stacked sample by sample),
+        the last one ``baddbmm_`` per chunk of ``chunk`` samples accumulating into it in place
+        (their ``G`` stacked along the class axis, so ``Q``, the big read, is read once for
+        all of them); each vector's reply is then its contiguous slice."""
         FAST_PATH_CALLS["jacobian_mlp"] += 1
         x2 = x.flatten(1).to(torch.float32)
         n = int(x2.shape[0])
@@ -606,18 +609,18 @@ class Projection:
         p2f = self.blocks["head.weight"][1].view(hid, -1)  # (hid, C k)
         pb2 = self.blocks["head.bias"][1]  # (C, k)
         c = int(pb2.shape[0])
+        w = len(params_list)
         gs: list[torch.Tensor] = []
-        outs: list[torch.Tensor] = []
+        hs: list[torch.Tensor] = []
         for params in params_list:
             _, d, h = mlp_parts(params, x2)
-            g = params["head.weight"].unsqueeze(0) * d.unsqueeze(1)  # G[n, c, j] = W2[c, j] D[n, j]
-            # d f_c / d W2[c', j] = [c = c'] h_j and d f_c / d b2[c'] = [c = c']
-            out = torch.addmm(pb2.view(1, c * k), h, p2f).view(n, c, k)
-            gs.append(g)
-            outs.append(out)
+            gs.append(params["head.weight"].unsqueeze(0) * d.unsqueeze(1))  # G[n, c, j] = W2[c, j] D[n, j]
+            hs.append(h)
+        # d f_c / d W2[c', j] = [c = c'] h_j and d f_c / d b2[c'] = [c = c']; rows (sample, vector)
+        hcat = torch.stack(hs, 1).view(n * w, hid) if w > 1 else hs[0]
+        out = torch.addmm(pb2.view(1, c * k), hcat, p2f).view(n, w * c, k)
         if q is None:
             q = self.xp(x2)  # the bytes a cached product holds
-        w = len(gs)
         gcat = torch.cat(gs, 1) if w > 1 else gs[0]  # (n, w C, hid)
         for a in range(0, n, chunk):  # d f_c / d W1[j, i] = G[c, j] x_i and d f_c / d b1[j] = G[c, j]
             b = min(a + chunk, n)
@@ -625,13 +628,11 @@ class Projection:
                 qa = q[a:b].to(torch.float32)
             else:  # numpy array or (copy-on-write) memmap
                 qa = torch.from_numpy(q[a:b]).to(torch.float32)
-            if w == 1:
-                outs[0][a:b].baddbmm_(gcat[a:b], qa)
-            else:
-                prod = torch.bmm(gcat[a:b], qa)
-                for i, out in enumerate(outs):
-                    out[a:b] += prod[:, i * c:(i + 1) * c]
-        return outs
+            out[a:b].baddbmm_(gcat[a:b], qa)
+        if w == 1:
+            return [out]
+        per = out.view(n, w, c, k)
+        return [per[:, i].contiguous() for i in range(w)]
 
     def jacobian_mlp_general(self, x: torch.Tensor, params_list: Sequence[Params], chunk: int = 64,
                              q: Any = None) -> list[torch.Tensor]:
