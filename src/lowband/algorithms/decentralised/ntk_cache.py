@@ -1,6 +1,7 @@
 """Caches that make a SPARK round cost what the paper claims, without changing a number.
 
-- :class:`XPCache` keeps each node's weight-independent product ``Q = X P1``
+- :class:`XPCache` keeps each node's weight-independent product ``Q = X P1`` (plus ``P_b1``
+  in the paper's ``sum`` layout: :meth:`~lowband.algorithms.decentralised.ntk.Projection.xp`)
   (``n x hidden x k``; 79 MB in float32 per node at the paper's size, 31 GFLOP to compute)
   across rounds: a node's data and ``P`` never change, so ``Q`` is computed once per node
   and run, not once per round (or once per requester group). Storage is tiered by a stated
