@@ -27,7 +27,7 @@ from lowband.algorithms.base import Outbox
 from lowband.comm.message import SERVER, Message
 from lowband.comm.network import CodecConfig, Network
 from lowband.comm.validate import (InvalidMessageError, Rejection, ValidationPolicy, Validator, content_problem,
-                                   norm_outliers, shape_problem)
+                                   message_norm, norm_outliers, shape_problem)
 from lowband.config import ConfigError, validate
 from lowband.engine.runlog import RunLog
 from lowband.engine.simulator import Simulation
@@ -70,6 +70,36 @@ def test_content_problem_finds_nan_inf_and_bad_float_metadata() -> None:
     assert content_problem(Message("w", {"a": torch.tensor([float("-inf")], dtype=torch.float16)}))[0] == "nonfinite"
     reason, detail = content_problem(Message("w", {"a": torch.ones(2)}, meta={"num_examples": float("inf")}))
     assert reason == "nonfinite" and "num_examples" in detail
+
+
+def test_all_finite_finds_a_nonfinite_entry_anywhere() -> None:
+    """The one-pass check (``aminmax``) sees a NaN or an Inf at any position, in every float
+    dtype, large and non-contiguous tensors included; empty and complex tensors work."""
+    from lowband.comm.validate import all_finite
+
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for n in (1, 17, 4097, 1_000_003):
+            assert all_finite(torch.randn(n).to(dt))
+            for bad in (float("nan"), float("inf"), float("-inf")):
+                for pos in (0, n // 2, n - 1):
+                    t = torch.randn(n).to(dt)
+                    t[pos] = bad
+                    assert not all_finite(t), (dt, n, bad, pos)
+                    assert not all_finite(t.view(1, -1).expand(3, -1).t())  # non-contiguous
+    assert all_finite(torch.empty(0))
+    assert not all_finite(torch.tensor([1 + 1j, complex(float("nan"), 0)]))
+    assert all_finite(torch.tensor([1 + 1j, 2 - 1j]))
+
+
+def test_message_norm_is_the_float64_norm_and_survives_float32_overflow() -> None:
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2_000_000, generator=g)
+    ref = float(t.double().norm())
+    assert abs(message_norm(Message("jacobian", {"jac": t})) - ref) <= 1e-5 * ref
+    big = torch.full((1000,), 1e30)  # squares overflow float32: redone in float64
+    assert message_norm(Message("w", {"a": big})) == pytest.approx(float(big[0]) * math.sqrt(1000), rel=1e-12)
+    half = torch.randn(100, generator=g).half()
+    assert message_norm(Message("w", {"a": half, "i": torch.arange(3)})) == pytest.approx(float(half.double().norm()))
 
 
 def test_shape_problem_checks_only_names_of_the_receivers_model() -> None:
