@@ -451,3 +451,43 @@ def test_a_spark_round_takes_the_fast_projected_jacobian(tmp_path: Path) -> None
     before = ntk.FAST_PATH_CALLS["jacobian_mlp"]
     Simulation(validate(_cfg(tmp_path, "spark", 1, **SPARK_HP))).run()
     assert ntk.FAST_PATH_CALLS["jacobian_mlp"] > before
+
+
+def test_sigterm_keeps_the_checkpoint_and_removes_the_scratch_files(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) on ``lowband run`` acts as Ctrl-C: exit 143 with one line, the last
+    checkpoint kept and resumable, and the run's ``X P`` scratch files removed (the default
+    SIGTERM action left up to 21 GB of them per paper-size SPARK run)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import tomli_w
+
+    scratch = tmp_path / "scratch"
+    cfg = _cfg(tmp_path, "spark", 400, **SPARK_HP, xp_cache_mb=0, scratch_dir=str(scratch))
+    cfg["checkpoint_every"] = 1
+    path = tmp_path / "spark.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lowband.cli", "run", str(path), "--quiet"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_dir = Path(cfg["out_dir"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(scratch.glob("spark-xp-*")) and (run_dir / "checkpoint.pt").is_file():
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    assert list(scratch.glob("spark-xp-*")), "the run never wrote its scratch files"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "lowband: terminated (SIGTERM)" in err and "--resume" in err
+    assert not list(scratch.glob("spark-xp-*"))
+    assert (run_dir / "checkpoint.pt").is_file()
+    done = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    resumed = subprocess.run([sys.executable, "-m", "lowband.cli", "run", str(path), "--resume", "--quiet",
+                              f"rounds={done + 1}"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr

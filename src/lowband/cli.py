@@ -434,13 +434,46 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    with warnings.catch_warnings():
-        from lowband.engine.checks import LowbandWarning
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that ``finally`` blocks and exit handlers run: a killed
+    run keeps its last checkpoint as before, and also removes what it owns on disk (a SPARK
+    run's ``X P`` scratch files, up to 21 GB at the paper's size), which the default SIGTERM
+    action would leave behind."""
 
-        warnings.simplefilter("always", LowbandWarning)  # a run warns once itself (checks.TrafficWatch)
-        warnings.showwarning = _show_warning
-        return _main(argv)
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _sigterm_as_interrupt() -> Any:
+    """Install the SIGTERM handler where lowband owns the process (main thread, default
+    action in place); returns the handler to restore, or None when nothing was installed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:  # an embedding program chose its own: leave it
+        return None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return previous
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import signal
+
+    previous = _sigterm_as_interrupt()
+    try:
+        with warnings.catch_warnings():
+            from lowband.engine.checks import LowbandWarning
+
+            warnings.simplefilter("always", LowbandWarning)  # a run warns once itself (checks.TrafficWatch)
+            warnings.showwarning = _show_warning
+            return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
@@ -472,9 +505,10 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"lowband: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("lowband: interrupted (the last checkpoint is kept; continue with --resume)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        how, code = ("terminated (SIGTERM)", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        print(f"lowband: {how} (the last checkpoint is kept; continue with --resume)", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover
