@@ -193,6 +193,11 @@ def _libc() -> Any:
 
 def _serve(conn: Any, env: NodeEnv, index: int, num: int, threads: int) -> None:
     """A worker's loop: calls on its place, until the parent says stop (None) or goes."""
+    import signal
+
+    # a forked worker inherits `lowband run`'s SIGTERM-as-interrupt handler; the parent
+    # terminates a stuck worker with SIGTERM, which should end it quietly, as by default
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     gc.enable()
     torch.set_num_threads(int(threads))
     place = _WorkerPlace(SerialExecutor(env), index, num)
