@@ -213,3 +213,26 @@ def test_auto_stays_serial_where_workers_were_measured_slower(
         assert isinstance(sim.executor, PoolExecutor)
     finally:
         getattr(sim.executor, "close", lambda: None)()
+
+
+def test_workers_die_quietly_on_sigterm_under_lowband_run(tmp_path: Path) -> None:
+    """Under ``lowband run`` SIGTERM raises an interrupt (cli._sigterm_as_interrupt); a
+    forked worker inherits that handler and resets it, so the parent's ``terminate()``
+    ends it by the signal (exit -15), not by a traceback (exit 1)."""
+    import signal
+
+    from lowband import cli
+
+    previous = cli._sigterm_as_interrupt()
+    assert previous is not None  # pytest leaves SIGTERM at its default action
+    try:
+        sim = Simulation(validate({**digits_config(tmp_path, "fedavg", rounds=1), "engine": {"workers": 2}}))
+        sim.executor.init_states(sim.topology.plan(0))
+        assert sim.executor.map_nodes(_node_id, [0, 7], 1, sim.topology.plan(0)) == {0: 0, 7: 7}
+        procs = list(sim.executor._procs)
+        for p in procs:
+            p.terminate()
+            p.join(timeout=30)
+        assert [p.exitcode for p in procs] == [-signal.SIGTERM] * len(procs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -11,6 +11,7 @@ probably not as meant (lowband.engine.checks.LowbandWarning) prints one
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import warnings
@@ -448,7 +449,6 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 def _sigterm_as_interrupt() -> Any:
     """Install the SIGTERM handler where lowband owns the process (main thread, default
     action in place); returns the handler to restore, or None when nothing was installed."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -461,8 +461,6 @@ def _sigterm_as_interrupt() -> Any:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import signal
-
     previous = _sigterm_as_interrupt()
     try:
         with warnings.catch_warnings():
