@@ -223,9 +223,9 @@ def test_workers_die_quietly_on_sigterm_under_lowband_run(tmp_path: Path) -> Non
 
     from lowband import cli
 
-    previous = cli._sigterm_as_interrupt()
-    assert previous is not None  # pytest leaves SIGTERM at its default action
+    original = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an earlier test (Ray) may own it
     try:
+        assert cli._sigterm_as_interrupt() is signal.SIG_DFL  # installed: lowband owns the process
         sim = Simulation(validate({**digits_config(tmp_path, "fedavg", rounds=1), "engine": {"workers": 2}}))
         sim.executor.init_states(sim.topology.plan(0))
         assert sim.executor.map_nodes(_node_id, [0, 7], 1, sim.topology.plan(0)) == {0: 0, 7: 7}
@@ -235,4 +235,4 @@ def test_workers_die_quietly_on_sigterm_under_lowband_run(tmp_path: Path) -> Non
             p.join(timeout=30)
         assert [p.exitcode for p in procs] == [-signal.SIGTERM] * len(procs)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if original is None else original)
