@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -275,7 +276,13 @@ def test_lr_1e6_client_is_a_norm_outlier(tmp_path: Path, monkeypatch, algorithm:
         for n in nodes:
             a, b = guarded.executor.states[n]["params"], minus.executor.states[n]["params"]
             assert all(torch.equal(a[k], b[k]) for k in a), n
-    off = _run(cfg("off", comm={"norm_factor": 0}))
+    with warnings.catch_warnings(record=True) as caught:  # the screen off: the warning names no factor
+        warnings.simplefilter("always")
+        off = _run(cfg("off", comm={"norm_factor": 0}))
+    said = [str(w.message) for w in caught if "consensus leaves out" in str(w.message)]
+    assert not any("None" in m or "norm over" in m for m in said), said
+    if algorithm != "fedavg":  # node 0's weights overflow by round 2: left out for being non-finite
+        assert said and "(non-finite weights)" in said[0]
     assert _total(off, "rejected/norm") == 0
     a, b = off.executor.states[nodes[0]]["params"], minus.executor.states[nodes[0]]["params"]
     assert not all(torch.equal(a[k], b[k]) for k in a)
@@ -450,6 +457,16 @@ def test_consensus_leaves_out_a_poisoned_node_and_says_so(tmp_path: Path, monkey
     c = digits_config(tmp_path / "off", "dfedavg", rounds=1)  # the screen off: nothing to leave it out by
     c.update(eval={"protocols": ["consensus"]}, comm={"norm_factor": 0})
     assert "consensus/excluded" not in _metrics(_run(c))[-1]
+
+
+def test_node_global_summary_of_all_diverged_nodes_is_nan_without_numpy_warnings() -> None:
+    from lowband.engine.evaluation import node_global_summary
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" fails the test
+        out = node_global_summary([math.nan, math.nan], [math.nan, math.nan])
+        assert all(math.isnan(v) for v in out.values())
+        assert node_global_summary([0.5, math.nan], [1.0, math.nan])["node_global/acc"] == 0.5
 
 
 def test_consensus_members_rule() -> None:

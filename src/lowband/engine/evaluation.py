@@ -79,9 +79,13 @@ def personal_summary(prefix: str, accs: Sequence[float], losses: Sequence[float]
 
 def node_global_summary(accs: Sequence[float], losses: Sequence[float]) -> dict[str, float]:
     """``node_global`` metrics from per-node (accuracy, loss) on the global test set."""
-    a = np.asarray(accs, dtype=float)
-    return {"node_global/acc": float(np.nanmean(a)), "node_global/acc_std": float(np.nanstd(a)),
-            "node_global/loss": float(np.nanmean(np.asarray(losses, dtype=float)))}
+    a, lo = np.asarray(accs, dtype=float), np.asarray(losses, dtype=float)
+
+    def nanmean(v: np.ndarray) -> float:  # all NaN (every node diverged) -> NaN, without numpy's warning
+        return float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+
+    return {"node_global/acc": nanmean(a), "node_global/acc_std": float(np.nanstd(a)) if np.isfinite(a).any()
+            else math.nan, "node_global/loss": nanmean(lo)}
 
 
 class Evaluator:
@@ -275,10 +279,11 @@ class Evaluator:
                 out["consensus/excluded"] = len(have) - len(keep)
                 if not self._warned_excluded:
                     self._warned_excluded = True
+                    why = "non-finite weights" + (f" or a weight norm over {self.norm_factor:g} x the median "
+                                                  f"node's" if self.norm_factor else "")
                     warnings.warn(f"round {round}: consensus leaves out node(s) "
-                                  f"{sorted(set(have) - set(keep))[:10]} (non-finite weights or a weight norm over "
-                                  f"{self.norm_factor} x the median node's); consensus/excluded counts them per round",
-                                  LowbandWarning, stacklevel=2)
+                                  f"{sorted(set(have) - set(keep))[:10]} ({why}); consensus/excluded counts them "
+                                  f"per round", LowbandWarning, stacklevel=2)
             if keep:
                 avg = self._average_of(keep, round, plan)
                 res = self.ex.map_nodes(partial(_eval_params, params=avg, test=test, bs=bs), [0], round, plan)[0]
