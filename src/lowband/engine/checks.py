@@ -32,6 +32,12 @@ ledger after each evaluated round):
 - an encoded message more than :data:`OVERSIZE_FACTOR` times the fp32 message of the
   model it stands for (SPARK's projected Jacobians at k = 1000 on a 2,410-parameter MLP):
   the "compressed" exchange costs more than sending the weights.
+
+Warned once per run by :class:`DecayWatch` (reading each evaluated round's metrics): a main
+accuracy that has stayed more than :data:`DECAY_DROP` under its best for
+:data:`DECAY_PATIENCE` evaluations in a row. The run learned and is now unlearning (SPARK at
+paper size under the spec's distillation schedule: 77.8% at round 13, 62.0% at round 24),
+and its final value, which the tables report, is not what it reached.
 """
 
 from __future__ import annotations
@@ -56,6 +62,45 @@ OVERSIZE_FACTOR = 2.0
 
 class LowbandWarning(UserWarning):
     """A run that works but probably not as meant (the CLI prints it as one line)."""
+
+
+#: an accuracy this far (absolute, as a fraction) under the run's best ...
+DECAY_DROP = 0.10
+#: ... for this many evaluations in a row is warned about (one bad round is client sampling noise)
+DECAY_PATIENCE = 3
+
+
+class DecayWatch:
+    """Warns once when the main accuracy stays :data:`DECAY_DROP` under its best so far for
+    :data:`DECAY_PATIENCE` evaluations in a row (see the module docstring). Only metrics
+    named ``*acc*`` are watched: a loss or a byte count has no "best" to fall from."""
+
+    def __init__(self, main: str, drop: float = DECAY_DROP, patience: int = DECAY_PATIENCE):
+        self.main, self.drop, self.patience = main, drop, patience
+        self.best: Optional[tuple[float, int]] = None  # (value, round)
+        self.under = 0
+        self.warned = False
+
+    def check(self, rec: dict[str, Any], quiet: bool = False) -> Optional[str]:
+        """Feed one evaluated round's metrics; returns (and, unless ``quiet``, warns) the
+        message the first time the rule holds, else None. ``quiet`` replays a resumed
+        run's earlier rounds."""
+        v = rec.get(self.main)
+        if "acc" not in self.main or not isinstance(v, (int, float)) or v != v:
+            return None
+        if self.best is None or v > self.best[0]:
+            self.best, self.under = (float(v), int(rec["round"])), 0
+            return None
+        self.under = self.under + 1 if v < self.best[0] - self.drop else 0
+        if self.under < self.patience or self.warned:
+            return None
+        self.warned = True
+        msg = (f"round {rec['round']}: {self.main} has been more than {100 * self.drop:g} points under its best "
+               f"({100 * self.best[0]:.2f}% at round {self.best[1]}) for {self.patience} evaluations in a row "
+               f"(now {100 * v:.2f}%): the run is unlearning; summary.json's 'best' keeps the peak")
+        if not quiet:
+            warnings.warn(msg, LowbandWarning, stacklevel=2)
+        return msg
 
 
 def served_protocols(alg: Any) -> tuple[str, ...]:

@@ -451,6 +451,9 @@ class Simulation:
                 log.truncate_after(-1)
             self.executor.init_states(self.topology.plan(0) if self.num_nodes else None)
         metrics: list[dict[str, Any]] = log.metrics() if log is not None else []
+        decay = checks.DecayWatch(self.main_metric)  # a main accuracy that falls far from its best
+        for rec in metrics:  # a resumed run's earlier rounds: warned in the run that evaluated them
+            decay.check(rec, quiet=True)
         t_run = time.perf_counter()
 
         if start == 0 and exp.eval.at_round0:
@@ -489,6 +492,7 @@ class Simulation:
                 rec = self._evaluate(r, plan)
                 rec.update(self._incident_record(metrics[-1]["round"] if metrics else 0, r))
                 metrics.append(rec)
+                decay.check(rec)
                 if log is not None:
                     log.log_metrics(rec)
                 if self.progress:
