@@ -76,10 +76,10 @@ class DecayWatch:
     """Warns once when the main accuracy has fallen from what the run reached and stays
     there: the median of the last :data:`DECAY_WINDOW` evaluations (round 0 left out) is more
     than :data:`DECAY_DROP` under the best such median so far (see the module docstring).
-    Replayed over the 99 run folders behind docs/results (stop 26), it fires on two: SPARK at paper size (round
-    26) and FedDBE on pathological FMNIST (79.3% after round 1, 55.0% from round 42; round
-    17), and on none of the runs that swing and recover. Only metrics named ``*acc*`` are
-    watched: a loss or a byte count has no "best" to fall from."""
+    Replayed over the 99 run folders behind docs/results (stop 26), it fires on two: SPARK
+    at paper size (round 26) and FedDBE on pathological FMNIST (79.3% after round 1, 55.0%
+    from round 42; round 17), and on none of the runs that swing and recover. Only metrics
+    named ``*acc*`` are watched: a loss or a byte count has no "best" to fall from."""
 
     def __init__(self, main: str, drop: float = DECAY_DROP, window: int = DECAY_WINDOW):
         self.main, self.drop, self.window = main, drop, window
