@@ -42,7 +42,9 @@ at paper size under the spec's distillation schedule: 77.76% at round 13, 48.01%
 
 from __future__ import annotations
 
+import statistics
 import warnings
+from collections import deque
 from typing import Any, Optional, Sequence
 
 from lowband.config import STAR_SAMPLING_KEYS, TOPOLOGY_KEYS, ConfigError, Experiment
@@ -83,7 +85,7 @@ class DecayWatch:
 
     def __init__(self, main: str, drop: float = DECAY_DROP, window: int = DECAY_WINDOW):
         self.main, self.drop, self.window = main, drop, window
-        self.recent: list[tuple[float, int]] = []  # (value, round), the last ``window``
+        self.recent: deque[float] = deque(maxlen=window)  # the last ``window`` values
         self.best: Optional[tuple[float, int]] = None  # (median, last round of its window)
         self.peak: Optional[tuple[float, int]] = None  # (value, round): the best single evaluation
         self.warned = False
@@ -98,10 +100,10 @@ class DecayWatch:
         v = float(v)
         if self.peak is None or v > self.peak[0]:
             self.peak = (v, r)
-        self.recent = (self.recent + [(v, r)])[-self.window:]
+        self.recent.append(v)
         if len(self.recent) < self.window:
             return None
-        med = float(sorted(x for x, _ in self.recent)[self.window // 2])
+        med = float(statistics.median(self.recent))
         if self.best is None or med > self.best[0]:
             self.best = (med, r)
         if med >= self.best[0] - self.drop or self.warned:

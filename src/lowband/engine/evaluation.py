@@ -81,11 +81,11 @@ def node_global_summary(accs: Sequence[float], losses: Sequence[float]) -> dict[
     """``node_global`` metrics from per-node (accuracy, loss) on the global test set."""
     a, lo = np.asarray(accs, dtype=float), np.asarray(losses, dtype=float)
 
-    def nanmean(v: np.ndarray) -> float:  # all NaN (every node diverged) -> NaN, without numpy's warning
-        return float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+    def stat(f: Any, v: np.ndarray) -> float:  # all NaN (every node diverged) -> NaN, without numpy's warning
+        return float(f(v)) if np.isfinite(v).any() else math.nan
 
-    return {"node_global/acc": nanmean(a), "node_global/acc_std": float(np.nanstd(a)) if np.isfinite(a).any()
-            else math.nan, "node_global/loss": nanmean(lo)}
+    return {"node_global/acc": stat(np.nanmean, a), "node_global/acc_std": stat(np.nanstd, a),
+            "node_global/loss": stat(np.nanmean, lo)}
 
 
 class Evaluator:
