@@ -265,3 +265,32 @@ def test_seeds_value_counts_the_seeds_with_a_number() -> None:
     assert ours == f"{statistics.mean([85, 50, 20]):.2f} ± {statistics.stdev([85, 50, 20]):.2f} (n=3)"
     ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc"), {2: runs[2]}, {})
     assert ours == "40.00"  # one seed: the value alone, as before seeds existed
+
+
+def test_a_cell_whose_run_unlearned_says_so_and_keeps_its_final_value() -> None:
+    """The table's value is the one at the cell's round; a run that fell from what it
+    reached (the run-time warning's rule) adds its best and where, so 48.01 is not read as
+    all SPARK reached. A run that swings and recovers, or that reached its best last, adds
+    nothing."""
+    from test_decay_watch import CODE_PAT, SPARK_A01
+
+    from lowband.reproduce import Cell, RunData, seeds_value, value
+
+    def run(values: list[float], seed: int = 0) -> RunData:
+        metrics = [{"round": i + 1, "consensus/acc": v} for i, v in enumerate(values)]
+        return RunData(Path(f"runs/x/seed-{seed}"), metrics, [], len(values), None, "consensus/acc", 1, seed)
+
+    cell = Cell("c", "t", "cfg", "consensus/acc")
+    v, text = value(cell, run(SPARK_A01), None)
+    assert v == pytest.approx(48.01) and text == "48.01 (unlearned: best 77.76 at r13)"
+    # at round 15 it had not yet fallen
+    assert value(Cell("c", "t", "cfg", "consensus/acc", round=15), run(SPARK_A01), None)[1] == "77.59"
+    assert "unlearned" not in value(cell, run(CODE_PAT), None)[1]
+    assert "unlearned" not in value(cell, run(sorted(SPARK_A01)), None)[1]
+    # a loss has no best to fall from
+    loss = [{"round": i + 1, "consensus/loss": 1 - v} for i, v in enumerate(SPARK_A01)]
+    d = RunData(Path("runs/x"), loss, [], 30, None, "consensus/loss", 1, 0)
+    assert "unlearned" not in value(Cell("c", "t", "cfg", "consensus/loss"), d, None)[1]
+    # over seeds: the mean, and how many of them unlearned
+    ours, per = seeds_value(cell, {0: run(SPARK_A01), 1: run(sorted(SPARK_A01), 1)}, {})
+    assert ours.endswith("(n=2) (1 of 2 unlearned)") and "unlearned" in per[0] and "unlearned" not in per[1]

@@ -54,6 +54,7 @@ import argparse
 import fnmatch
 import json
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lowband.config import ConfigError, load_experiment, load_toml
+from lowband.engine.checks import DECAY_DROP, DECAY_WINDOW, DecayWatch
 
 UNITS = ("%", "GB", "MB", "rounds", "s", "")
 
@@ -459,7 +461,26 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         v *= 100
     elif m.startswith(("bytes/", "declared/")):
         v /= 1e6 if cell.paper_unit == "MB" else 1e9
-    return v, number_text(cell, v)
+    return v, number_text(cell, v) + unlearned_text(cell, recs)
+
+
+def unlearned_text(cell: Cell, recs: list[dict]) -> str:
+    """`` (unlearned: best X at rN)`` when the cell's accuracy ``recs`` fell from what the
+    run reached and stayed there, by the rule of the run-time warning
+    (:class:`lowband.engine.checks.DecayWatch`, replayed quietly), else ``""``. A table
+    reports the value at the cell's round; for a run that unlearned that value alone
+    hides what the method reached (the default SPARK at paper size: 48.01 at round 30,
+    77.76 at round 13)."""
+    if "acc" not in cell.metric:
+        return ""
+    watch = DecayWatch(cell.metric)
+    for r in recs:
+        watch.check(r, quiet=True)
+    if watch.best is None or watch.peak is None or len(watch.recent) < watch.window:
+        return ""
+    if statistics.median(watch.recent) >= watch.best[0] - watch.drop:
+        return ""  # never fell, or fell and recovered by the cell's round
+    return f" (unlearned: best {number_text(cell, 100 * watch.peak[0])} at r{watch.peak[1]})"
 
 
 def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) -> tuple[str, list[str]]:
@@ -485,6 +506,9 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) 
     if st["std"] is not None:
         ours += f" ± {number_text(cell, st['std'], mean=True)}"
     ours += f" (n={len(nums)}" + (f" of {len(per)})" if len(nums) < len(per) else ")")
+    fell = sum("unlearned" in t for _, _, t in per)
+    if fell:
+        ours += f" ({fell} of {len(per)} unlearned)"
     return ours, texts
 
 
@@ -610,7 +634,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
              f"experiments/{paper}/reproduce.toml; *rounds* is the number of rounds the value comes from "
              f"(of the config's planned rounds); an empty *ours* means the run has not been made. Where a "
              f"config has several seed runs, *ours* is mean ± std over them (n seeds) and each seed's value is "
-             f"listed under the table; *run* gives each cell's CPU-hours.", "",
+             f"listed under the table; *run* gives each cell's CPU-hours. \"unlearned: best X at rN\" marks a "
+             f"run whose accuracy is, at the cell's round, more than {100 * DECAY_DROP:g} points under what it "
+             f"reached (the median of its last {DECAY_WINDOW} evaluations against the best such median: the "
+             f"run-time warning's rule): *ours* is still the value at the cell's round.", "",
              compute_line([d for cfg in configs for d in data(cfg).values()], len(configs), kept), "", *body]
     return "\n".join(lines)
 
