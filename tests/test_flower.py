@@ -137,3 +137,29 @@ def test_flower_simulation_fedavg_matches_lowband(tmp_path: Path, monkeypatch) -
                 assert a[k] == b[k], k  # the same wire bytes
             else:
                 assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-4), (k, a[k], b[k])
+
+
+def test_a_flower_run_that_unlearns_warns(tmp_path: Path, task_identity, monkeypatch) -> None:
+    """The ServerApp keeps its own metrics loop; it warns as `lowband run` does when the
+    main accuracy falls from what the run reached and stays there (checks.DecayWatch)."""
+    import warnings
+
+    from lowband.engine.checks import LowbandWarning
+
+    orig = FlowerRun.evaluate
+
+    def unlearning(self, r, plan):  # the real metrics, the main accuracy forced down from round 8
+        rec = orig(self, r, plan)
+        if r >= 8:
+            rec[self.sim.main_metric] = 0.0
+        return rec
+
+    exp = validate(_config(tmp_path, "fedavg", "flower", rounds=12))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
+    assert not [w for w in caught if "unlearning" in str(w.message)]
+    monkeypatch.setattr(FlowerRun, "evaluate", unlearning)
+    exp = validate(_config(tmp_path, "fedavg", "bad", rounds=12))
+    with pytest.warns(LowbandWarning, match=r"round 11: \S+ has fallen from what the run reached"):  # 4 of 7
+        FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()

@@ -65,6 +65,7 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message as LBMessage
 from lowband.comm.network import Network
 from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
+from lowband.engine.checks import DecayWatch
 from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
 )
@@ -492,10 +493,12 @@ class FlowerRun:
         torch.manual_seed(derive_seed(exp.seed, "torch", "init", SERVER))
         ex.states = {SERVER: sim.alg.init_server(ex.context(SERVER, 0, sim.topology.plan(0)))}
         metrics: list[dict[str, Any]] = []
+        decay = DecayWatch(sim.main_metric)  # warns, as `lowband run` does, when the run unlearns
 
         def emit(r: int, plan: Any) -> None:
             rec = self.evaluate(r, plan)
             metrics.append(rec)
+            decay.check(rec)
             if log is not None:
                 log.log_metrics(rec)
 
