@@ -25,7 +25,8 @@ node with its own state, data and inbox):
 5. ``commit``: synchronous: ``w_i <- w_bar_i + dw`` for every node at once (SPARK with
    momentum: ``v <- mu v + dw``, ``theta <- theta_bar + mu v + dw``).
 
-``order = "sequential"`` runs the reference code's loop instead (Gauss-Seidel): nodes take
+``order = "sequential"`` runs the loop of the reference's ``random_graph*.py`` instead
+(Gauss-Seidel; its ``main.py``, which the reference numbers come from, is synchronous): nodes take
 their turn in id order, and node i's turn is steps 1-5 with i as the only requester (its
 neighbours send i their current weights, already updated ones included; i commits at once).
 Same messages per directed edge as a synchronous round; see :meth:`KernelDFL.sequential_steps`.
@@ -119,7 +120,8 @@ class KernelDFLHP(Hyperparams):
     order: Literal["synchronous", "sequential"] = Field(
         "synchronous", description="synchronous: every node averages and evolves from the round's start state "
         "(the spec); sequential: nodes update one after another in id order, each averaging its neighbours' "
-        "current weights, already updated ones included (Gauss-Seidel, the reference code's loop)")
+        "current weights, already updated ones included (Gauss-Seidel, the reference's random_graph*.py loop; "
+        "its main.py is synchronous)")
     xp_cache_mb: float = Field(
         2000.0, ge=0, description="performance only: RAM budget (MB, per process) of the weight-independent X P "
         "products kept across rounds (SPARK's Gaussian P with the MLP: ~80 MB per node at the paper's size)")
@@ -329,7 +331,7 @@ class KernelDFL(Algorithm):
 
     def sequential_steps(self, plan: RoundPlan) -> list[Step]:
         """``order = "sequential"``: the synchronous round restricted to one requester at a
-        time, nodes in id order (the reference code's loop). For node i: its neighbours send
+        time, nodes in id order (the loop of the reference's ``random_graph*.py``). For node i: its neighbours send
         i their *current* weights (those already updated this round included), i averages
         and requests, the neighbours reply at ``w_bar_i``, i updates and commits at once, so
         later nodes see it. Every node still sees only its own state and inbox, and every
