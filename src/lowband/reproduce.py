@@ -469,8 +469,8 @@ def unlearned_text(cell: Cell, recs: list[dict]) -> str:
     run reached and stayed there, by the rule of the run-time warning
     (:class:`lowband.engine.checks.DecayWatch`, replayed quietly), else ``""``. A table
     reports the value at the cell's round; for a run that unlearned that value alone
-    hides what the method reached (the default SPARK at paper size: 48.01 at round 30,
-    77.76 at round 13)."""
+    hides what the method reached (SPARK at paper size under the spec's schedule: 48.01
+    at round 30, 77.76 at round 13)."""
     if "acc" not in cell.metric:
         return ""
     watch = DecayWatch(cell.metric)
