@@ -96,7 +96,10 @@ def test_message_norm_is_the_float64_norm_and_survives_float32_overflow() -> Non
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2_000_000, generator=g)
     ref = float(t.double().norm())
-    assert abs(message_norm(Message("jacobian", {"jac": t})) - ref) <= 1e-5 * ref
+    # squares summed in float32 (message_norm's docstring): 2M terms, a relative error of about 1e-5
+    # whose size depends on the CPU's summation order (1.0004e-5 on an AMD EPYC); the screen compares
+    # norms by a factor of 100, so 1e-4 is ample
+    assert abs(message_norm(Message("jacobian", {"jac": t})) - ref) <= 1e-4 * ref
     big = torch.full((1000,), 1e30)  # squares overflow float32: redone in float64
     assert message_norm(Message("w", {"a": big})) == pytest.approx(float(big[0]) * math.sqrt(1000), rel=1e-12)
     half = torch.randn(100, generator=g).half()
