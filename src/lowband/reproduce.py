@@ -54,7 +54,6 @@ import argparse
 import fnmatch
 import json
 import re
-import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -476,9 +475,7 @@ def unlearned_text(cell: Cell, recs: list[dict]) -> str:
     watch = DecayWatch(cell.metric)
     for r in recs:
         watch.check(r, quiet=True)
-    if watch.best is None or watch.peak is None or len(watch.recent) < watch.window:
-        return ""
-    if statistics.median(watch.recent) >= watch.best[0] - watch.drop:
+    if not watch.down or watch.peak is None:
         return ""  # never fell, or fell and recovered by the cell's round
     return f" (unlearned: best {number_text(cell, 100 * watch.peak[0])} at r{watch.peak[1]})"
 

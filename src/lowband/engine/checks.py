@@ -90,6 +90,14 @@ class DecayWatch:
         self.peak: Optional[tuple[float, int]] = None  # (value, round): the best single evaluation
         self.warned = False
 
+    @property
+    def down(self) -> bool:
+        """Whether the rule holds now (after the last value fed): a full window whose median
+        is more than ``drop`` under the best such median. Tables read it at a cell's round."""
+        if self.best is None or len(self.recent) < self.window:
+            return False
+        return float(statistics.median(self.recent)) < self.best[0] - self.drop
+
     def check(self, rec: dict[str, Any], quiet: bool = False) -> Optional[str]:
         """Feed one evaluated round's metrics; returns (and, unless ``quiet``, warns) the
         message the first time the rule holds, else None. ``quiet`` replays a resumed
@@ -106,7 +114,7 @@ class DecayWatch:
         med = float(statistics.median(self.recent))
         if self.best is None or med > self.best[0]:
             self.best = (med, r)
-        if med >= self.best[0] - self.drop or self.warned:
+        if not self.down or self.warned:
             return None
         self.warned = True
         msg = (f"round {r}: {self.main} has fallen from what the run reached and stays there: its median over "
