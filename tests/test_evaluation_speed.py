@@ -59,13 +59,13 @@ def test_cnn_eval_logits_unchanged(name: str, shape: tuple[int, ...]) -> None:
     assert torch.equal(fast, model(x).detach())  # autograd on: max_pool2d
 
 
-def _nodes(sizes: list[int]) -> list[NodeData]:
+def _nodes(sizes: list[int], shape: tuple[int, ...] = (1, 28, 28), classes: int = 10) -> list[NodeData]:
     g = torch.Generator().manual_seed(1)
     out = []
     for n in sizes:
-        x = torch.randn(n, 1, 28, 28, generator=g)
-        y = torch.randint(0, 10, (n,), generator=g)
-        e = torch.empty(0, 1, 28, 28)
+        x = torch.randn(n, *shape, generator=g)
+        y = torch.randint(0, classes, (n,), generator=g)
+        e = torch.empty(0, *shape)
         out.append(NodeData(x[:0], y[:0], e, y[:0], x, y))
     return out
 
@@ -86,6 +86,30 @@ def test_pooled_personal_equals_one_forward_per_node() -> None:
             assert pooled[n][:2] == ref[:2]
         else:
             assert np.isnan(pooled[n][0]) and np.isnan(ref[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name,shape", [("cnn_fmnist", (1, 16, 16)), ("mlp", (1, 28, 28))])
+def test_pooled_subsets_equal_alone(threads: int, name: str, shape: tuple[int, ...]) -> None:
+    """What the pool's workers do: pool *subsets* of the nodes. Every node's score is the
+    same bits in the full pool, in any subset, and alone, for small splits (1-40 rows, where
+    BLAS takes other kernels for a few rows or a block's tail: fails without the zero
+    padding and row alignment of lowband.train.ROW_ALIGN) and on one or two threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(1)
+        model = build_model(name, num_classes=4, input_shape=shape)
+        params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        sizes = [int(v) for v in torch.randint(1, 41, (24,), generator=torch.Generator().manual_seed(2))]
+        data = _nodes(sizes, shape=shape, classes=4)
+        alone = {n: evaluate(model, params, data[n].test_x, data[n].test_y, 100) for n in range(len(sizes))}
+        for subset in [list(range(24)), list(range(0, 24, 2)), list(range(1, 24, 2)), list(range(5, 19))]:
+            pooled = _PooledTests(data, subset).evaluate(model, params, 100)
+            for n in subset:
+                assert pooled[n] == alone[n], (subset[:3], n)
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_pooled_personal_same_metrics_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

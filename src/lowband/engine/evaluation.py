@@ -49,7 +49,7 @@ from lowband.engine.checks import LowbandWarning
 from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
-from lowband.train import evaluate, is_float, load_params, predict_logits
+from lowband.train import ROW_ALIGN, eval_batch, evaluate, is_float, load_params, predict_logits
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -112,7 +112,7 @@ class Evaluator:
         self.num_nodes = num_nodes
         self.test_x, self.test_y = test_x, test_y
         self._test = (test_x, test_y)
-        self.batch_size = batch_size
+        self.batch_size = eval_batch(batch_size)  # aligned: the pooled and per-node passes agree
         if "global" in self.protocols and not algorithm.has_server:
             raise ValueError(f"eval.protocols: 'global' needs a server; {algorithm.name} has none (use consensus or node_global)")
         if "personal_joined" in self.protocols and topology is None:
@@ -338,16 +338,24 @@ class _PooledTests:
     """The local test splits of ``nodes`` concatenated once (kept between rounds: the data
     never changes), for scoring one model on all of them in one batched forward pass.
 
-    The logits of a sample do not depend on which other samples share its batch (eval
-    mode, no batch statistics), so slicing them back per node gives each node's
-    :func:`lowband.train.evaluate` result; tests/test_evaluation_speed.py checks equality."""
+    In eval mode (no batch statistics) a sample's logits depend on its batch companions only
+    through the kernels' rounding, which :func:`lowband.train.predict_logits` pins by row
+    alignment (``ROW_ALIGN``): each split here starts at an aligned row, so slicing the
+    logits back per node gives each node's :func:`lowband.train.evaluate` result bit for
+    bit; tests/test_evaluation_speed.py checks equality."""
 
     def __init__(self, node_data: Sequence[Any], nodes: Sequence[int]):
         self.nodes = tuple(int(n) for n in nodes)
-        xs = [node_data[n].test_x for n in self.nodes]
         self.y = [node_data[n].test_y for n in self.nodes]
+        # each split starts at a multiple of ROW_ALIGN (zero rows between): the per-node
+        # pass's row positions modulo ROW_ALIGN, hence its bits (lowband.train.ROW_ALIGN)
+        xs = []
+        for n in self.nodes:
+            x = node_data[n].test_x
+            gap = -int(x.shape[0]) % ROW_ALIGN
+            xs.append(torch.cat([x, x.new_zeros((gap, *x.shape[1:]))]) if gap else x)
         self.x = torch.cat(xs) if xs else torch.empty(0)
-        self.offsets = np.cumsum([0] + [int(y.shape[0]) for y in self.y]).tolist()
+        self.offsets = np.cumsum([0] + [int(x.shape[0]) for x in xs]).tolist()
 
     def evaluate(self, model: torch.nn.Module, params: dict[str, torch.Tensor], bs: int) -> dict[int, tuple]:
         if not self.offsets[-1]:
@@ -359,7 +367,7 @@ class _PooledTests:
             if y.numel() == 0:
                 out[n] = (float("nan"), float("nan"), 0)
                 continue
-            part = logits[self.offsets[i]:self.offsets[i + 1]]
+            part = logits[self.offsets[i]:self.offsets[i] + int(y.shape[0])]
             loss = float(torch.nn.functional.cross_entropy(part, y, reduction="mean"))
             acc = float((part.argmax(1) == y).float().mean())
             out[n] = (acc, loss, int(y.shape[0]))
