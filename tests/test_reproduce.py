@@ -199,3 +199,33 @@ def test_collect_keeps_measured_cells_whose_run_folder_is_gone(
     (tmp_path / "out" / "toy.md").unlink()
     assert main([*args, "--collect"]) == 0  # nothing to keep: not run
     assert "| not run |" in row()
+
+
+def test_collect_does_not_keep_a_value_another_config_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A cell pointed at another config (another run folder) must not keep the old
+    config's value when neither folder is there: it was not measured by the new config."""
+    import shutil
+
+    import tomli_w
+
+    from lowband.cli import main
+    from lowband.config import load_toml
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    shutil.rmtree(tmp_path / "runs")
+    cfg = load_toml(papers / "toy" / "dfedavg.toml")
+    cfg["out_dir"] = "runs/toy_other"
+    (papers / "toy" / "other.toml").write_text(tomli_w.dumps(cfg))
+    spec = load_toml(papers / "toy" / "reproduce.toml")
+    spec["run"][0]["config"] = "experiments/toy/other.toml"
+    (papers / "toy" / "reproduce.toml").write_text(tomli_w.dumps(spec))
+    capsys.readouterr()
+    assert main([*args, "--collect"]) == 0
+    rows = (tmp_path / "out" / "toy.md").read_text().splitlines()
+    assert "| not run |" in next(line for line in rows if line.startswith("| t/acc |"))
+    assert "kept from the previous table" in next(line for line in rows if line.startswith("| t/time |"))
+    assert "another run folder" in capsys.readouterr().err

@@ -294,3 +294,23 @@ def test_a_cell_whose_run_unlearned_says_so_and_keeps_its_final_value() -> None:
     # over seeds: the mean, and how many of them unlearned
     ours, per = seeds_value(cell, {0: run(SPARK_A01), 1: run(sorted(SPARK_A01), 1)}, {})
     assert ours.endswith("(n=2) (1 of 2 unlearned)") and "unlearned" in per[0] and "unlearned" not in per[1]
+
+
+def test_a_final_cell_pools_only_the_seeds_that_got_furthest() -> None:
+    """A seed still under way (round 0 of 30) must not enter a final-value mean: the mean
+    of round 30 and round 0 is neither. It shows as behind and the cell as n=k of N."""
+    from lowband.reproduce import Cell, RunData, seeds_value
+
+    def run(seed: int, accs: list[float]) -> RunData:
+        metrics = [{"round": r, "consensus/acc": a} for r, a in enumerate(accs)]
+        return RunData(Path(f"runs/x/seed-{seed}"), metrics, [], len(accs) - 1, 0.8, "consensus/acc", 1, seed)
+
+    runs = {0: run(0, [0.1, 0.7, 0.79]), 1: run(1, [0.1]), 2: run(2, [0.1, 0.6])}
+    ours, per = seeds_value(Cell("c", "t", "cfg", "consensus/acc"), runs, {})
+    assert ours == "79.00 (n=1 of 3)"
+    assert per[1] == "1: behind (round 0 of 2)" and per[2] == "2: behind (round 1 of 2)"
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "rounds_to_target"), runs, {})
+    assert ours == "> 2"  # not "> 2; > 0; > 1"
+    # a cell at a fixed round still pools every seed that reached it
+    ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=1), runs, {})
+    assert ours.endswith("(n=2 of 3)")

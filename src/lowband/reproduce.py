@@ -487,23 +487,29 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) 
     runs (paired by seed, else its first)."""
     from lowband.batch import stats
 
+    # a cell read at the run's end (no ``round``) pools only the seeds that got furthest: a
+    # seed still under way would mix round 3 into a round-30 mean (it counts as "n=k of N")
+    furthest = max(d.rounds_done for d in runs.values())
     per = []
     for s, d in runs.items():
         ref = refs.get(s) or next(iter(refs.values()), None)
-        per.append((s, *value(cell, d, ref)))
+        if cell.round is None and d.rounds_done < furthest:
+            per.append((s, None, f"behind (round {d.rounds_done} of {furthest})"))
+        else:
+            per.append((s, *value(cell, d, ref)))
     texts = [f"{s}: {t or '-'}" for s, _, t in per]
     if len(per) == 1:
         return per[0][2], texts
     nums = [v for _, v, _ in per if v is not None]
     if not nums:
-        distinct = list(dict.fromkeys(t for _, _, t in per))
+        distinct = list(dict.fromkeys(t for _, _, t in per if not t.startswith("behind")))
         return (distinct[0] if len(distinct) == 1 else "; ".join(t or "-" for t in distinct)), texts
     st = stats(nums)
     ours = number_text(cell, st["mean"], mean=True)
     if st["std"] is not None:
         ours += f" ± {number_text(cell, st['std'], mean=True)}"
     ours += f" (n={len(nums)}" + (f" of {len(per)})" if len(nums) < len(per) else ")")
-    fell = sum("unlearned" in t for _, _, t in per)
+    fell = sum("unlearned" in (t or "") for _, _, t in per)
     if fell:
         ours += f" ({fell} of {len(per)} unlearned)"
     return ours, texts
@@ -564,6 +570,19 @@ def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
     return out
 
 
+def _same_run(where: str, config: str, overrides: list[str]) -> bool:
+    """Whether a previous table's *run* column (```R` ...``) names ``config``'s run folder:
+    a cell whose config changed must not keep a value another config measured."""
+    m = re.match(r"`([^`]+)`", where)
+    if m is None:
+        return False
+    try:
+        rd = load_experiment(config, overrides).run_dir()
+    except ConfigError:
+        return False
+    return Path(m.group(1)).name == Path(rd).name
+
+
 def _rounds_text(cell: Cell, runs: list[RunData]) -> str:
     done = sorted({d.rounds_done for d in runs})
     planned = max(d.rounds_planned for d in runs)
@@ -603,7 +622,11 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             refs = data(c.reference) if c.reference else {}
             unit = c.paper_unit or ("%" if "acc" in c.metric else "")
             paper_s = "" if c.paper is None else f"{c.paper}{' ' + unit if unit and unit != 'rounds' else ''}"
-            if not runs and c.id in previous:
+            if not runs and c.id in previous and not _same_run(previous[c.id][2], c.config, overrides):
+                print(f"  warning: {c.id}: the previous table's value came from another run folder than "
+                      f"{c.config}'s; not kept", file=sys.stderr)
+                ours, rounds, where = "", "", "not run"
+            elif not runs and c.id in previous:
                 ours, rounds, where = previous[c.id]
                 if "kept from the previous table" not in where:
                     where = f"{where} (kept from the previous table: run folder not found)"
