@@ -276,6 +276,32 @@ def test_second_run_without_resume_is_refused(capsys, runs: dict[str, Path]) -> 
     assert snapshot(runs["fa"]) == before
 
 
+def test_resume_refuses_a_run_started_under_another_default(capsys, tmp_path: Path) -> None:
+    """config.toml holds only the keys a config sets; hyperparams.json holds every
+    hyperparameter the run resolved, defaults included. A run started under another default
+    (here: its saved mu edited, as a lowband upgrade changing FedProx's default would leave
+    it) is refused on --resume, naming the key, and left untouched: half a run under each
+    default would be silently wrong."""
+    cfg = digits_config(tmp_path, "fedprox", rounds=3)
+    assert "mu" not in cfg["algorithm"]
+    p = write_config(tmp_path / "exp.toml", cfg)
+    a = tmp_path / "a"
+    assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--quiet")[0] == 0
+    saved = json.loads((a / "hyperparams.json").read_text())
+    assert saved["algorithm"] == "fedprox" and "mu" in saved and "lr" in saved  # defaults included
+    saved["mu"] = saved["mu"] + 0.5
+    (a / "hyperparams.json").write_text(json.dumps(saved))
+    before = snapshot(a)
+    rc, _, err = cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")
+    line = one_error_line(err)
+    assert rc == 2 and "algorithm.mu" in line and "set the one it started with" in line
+    assert snapshot(a) == before
+    # setting the value it started with resumes it (the comparison is of resolved values)
+    rc = cli(capsys, "run", p, "rounds=3", f"algorithm.mu={saved['mu']}", f"out_dir={a}", "--resume", "--quiet")[0]
+    assert rc == 0 and json.loads((a / "summary.json").read_text())["rounds_completed"] == 3
+    assert json.loads((a / "hyperparams.json").read_text())["mu"] == saved["mu"]
+
+
 def test_resume_extends_a_run_to_the_identical_result(capsys, tmp_path: Path) -> None:
     p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedprox", rounds=3))
     a, b = tmp_path / "a", tmp_path / "b"

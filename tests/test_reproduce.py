@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -229,3 +230,29 @@ def test_collect_does_not_keep_a_value_another_config_measured(
     assert "| not run |" in next(line for line in rows if line.startswith("| t/acc |"))
     assert "kept from the previous table" in next(line for line in rows if line.startswith("| t/time |"))
     assert "another run folder" in capsys.readouterr().err
+
+
+def test_collect_leaves_out_a_run_made_under_another_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A run folder whose saved hyperparameters differ from what the config resolves to today
+    (a default changed since it ran) is not today's config's result: the table leaves it out
+    and says why, instead of printing it as this version's number."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
+    assert main(args[:-1]) == 0
+    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
+                       if line.startswith("| t/acc |"))
+    assert "`runs/toy`" in row() and "not run" not in row()
+    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
+    saved = json.loads(hp.read_text())
+    saved["lr"] = saved["lr"] * 2
+    hp.write_text(json.dumps(saved))
+    (tmp_path / "out" / "toy.md").unlink()
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "| not run |" in row()
+    err = capsys.readouterr().err
+    assert "made by another config" in err and "algorithm.lr" in err

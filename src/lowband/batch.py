@@ -186,7 +186,7 @@ def raw_config(exp: Experiment) -> dict[str, Any]:
 def run_state(exp: Experiment) -> tuple[str, int]:
     """``("done" | "resume" | "new", rounds already done)`` of ``exp``'s run folder.
     Raises RunDirError when the folder holds a run of another config."""
-    from lowband.engine.runlog import RunDirError, RunLog, _comparable
+    from lowband.engine.runlog import RunDirError, RunLog, config_change
 
     rd = exp.run_dir()
     cfg = rd / "config.toml"
@@ -194,9 +194,10 @@ def run_state(exp: Experiment) -> tuple[str, int]:
         if (rd / "metrics.jsonl").exists() or (rd / "summary.json").exists():
             raise RunDirError(f"{rd} holds results but no config.toml; move it away or choose another --out")
         return "new", 0
-    if _comparable(cfg.read_text()) != _comparable(exp.to_toml()):
-        raise RunDirError(f"{rd} holds a run of a different config (see its config.toml); delete it or choose "
-                          f"another --out")
+    changed = config_change(rd, exp)
+    if changed:
+        raise RunDirError(f"{rd} holds a run of a different config ({changed}; see its config.toml); delete it or "
+                          f"choose another --out")
     summary = _read_json(rd / "summary.json")
     metrics = RunLog.read_jsonl(rd / "metrics.jsonl")
     done = int(metrics[-1]["round"]) if metrics else 0

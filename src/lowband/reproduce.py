@@ -353,6 +353,11 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     metrics = _jsonl(rd / "metrics.jsonl")
     if not metrics:
         return None
+    stale = _stale(exp, rd)
+    if stale:
+        print(f"  warning: {rd} was made by another config than today's ({stale}); left out of the table: "
+              f"move it away and run the cell again", file=sys.stderr)
+        return None
     planned, threads, seed = exp.rounds, exp.threads, exp.seed
     saved = rd / "config.toml"
     if saved.exists():
@@ -368,6 +373,18 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     main = exp.eval.main or "consensus/acc"
     return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
                    int(threads) if threads else None, seed)
+
+
+def _stale(exp: Any, rd: Path) -> Optional[str]:
+    """Why the run in ``rd`` is not a run of ``exp`` (None: it is, or cannot be told): its
+    saved config or hyperparameters differ beyond what a resume may change, the seed and
+    the folder (a seed run is the config with ``seed`` and ``out_dir`` set)."""
+    from lowband.engine.runlog import config_change
+
+    try:
+        return config_change(rd, exp, ignore=("seed", "out_dir", "name"))
+    except (OSError, ValueError):
+        return None
 
 
 def run_data(config: str, overrides: list[str]) -> Optional[RunData]:

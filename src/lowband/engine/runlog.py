@@ -95,18 +95,23 @@ def is_run_folder(folder: Path) -> bool:
     return (folder / "metrics.jsonl").is_file() or (folder / "checkpoint.pt").is_file()
 
 
-def _comparable(toml_text: str) -> str:
+def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) -> str:
     """The saved config without the keys a resume may change: ``rounds`` and where the
     rounds execute (``executor``, ``ray_*``), which changes no number (tested in
     tests/test_ray.py), the ``device`` (a run saved on a GPU continues on the CPU and back;
-    floating-point results may differ between devices) and the extra outputs (``log``)."""
+    floating-point results may differ between devices) and the extra outputs (``log``).
+    ``[algorithm]`` compares as the hyperparameters resolved (defaults included):
+    ``hyperparams`` (what a run saved in :data:`HYPERPARAMS_NAME`), else today's defaults."""
     import tomllib
 
     d = tomllib.loads(toml_text)
     try:  # fill keys added to the schema since the run was saved with their defaults
         from lowband.config import validate
 
-        d = tomllib.loads(validate(d).to_toml())
+        exp = validate(d)
+        d = tomllib.loads(exp.to_toml())
+        d["algorithm"] = hyperparams if hyperparams is not None else json.loads(
+            json.dumps(resolved_hyperparams(exp)))
     except Exception:  # noqa: BLE001 - a config the current schema rejects compares as saved
         pass
     for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log"):
@@ -116,6 +121,54 @@ def _comparable(toml_text: str) -> str:
         if not d["engine"]:
             d.pop("engine")
     return json.dumps(d, sort_keys=True)
+
+
+#: the algorithm's hyperparameters as the run resolved them, defaults included: config.toml
+#: holds only the keys the config set, so a default that changes between lowband versions
+#: would otherwise go unnoticed by ``--resume`` (half a run under each default) and by
+#: ``lowband reproduce`` (a table cell from another default)
+HYPERPARAMS_NAME = "hyperparams.json"
+
+
+def resolved_hyperparams(exp: Experiment) -> dict[str, Any]:
+    """``{"algorithm": name, **every hyperparameter}`` (defaults included) of ``exp``."""
+    from lowband.config import hyperparams
+
+    return {"algorithm": exp.algorithm.name, **hyperparams(exp).model_dump(mode="json")}
+
+
+def saved_hyperparams(folder: Path) -> Optional[dict[str, Any]]:
+    """What a run folder saved in :data:`HYPERPARAMS_NAME` (None: a run made before lowband
+    saved them, whose defaults cannot be told)."""
+    try:
+        saved = json.loads((Path(folder) / HYPERPARAMS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def config_change(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> Optional[str]:
+    """Why the run saved in ``folder`` is not a run of ``exp`` (None: it is): the keys of its
+    config.toml that differ beyond what a resume may change (and ``ignore``), or, for the
+    algorithm, each hyperparameter as ``"algorithm.KEY: THEN then, NOW now"`` (a default
+    that changed since it ran shows here, through :data:`HYPERPARAMS_NAME`)."""
+    saved_hp = saved_hyperparams(folder)
+    saved = json.loads(_comparable((Path(folder) / "config.toml").read_text(), saved_hp))
+    now = json.loads(_comparable(exp.to_toml()))
+    for d in (saved, now):
+        for key in ignore:
+            d.pop(key, None)
+    if saved == now:
+        return None
+    parts = [k for k in sorted(set(saved) | set(now)) if k != "algorithm" and saved.get(k) != now.get(k)]
+    a, b = saved.get("algorithm"), now.get("algorithm")
+    if a != b:
+        if isinstance(a, dict) and isinstance(b, dict):
+            parts += [f"algorithm.{k}: {a.get(k, '(absent)')!r} then, {b.get(k, '(absent)')!r} now"
+                      for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")]
+        else:
+            parts.append("algorithm")
+    return "; ".join(parts)
 
 
 class RunLog:
@@ -142,6 +195,8 @@ class RunLog:
         try:
             d.mkdir(parents=True, exist_ok=True)
             atomic_write_text(log.config_path, CONFIG_HEADER + exp.to_toml())
+            if not resume:  # (a resumed run keeps what it started with; check() compared it)
+                atomic_write_text(log.dir / HYPERPARAMS_NAME, json.dumps(resolved_hyperparams(exp), indent=1))
         except OSError as exc:
             raise RunDirError(f"run folder {d}: cannot write there ({exc.strerror or type(exc).__name__}); "
                               f"choose another out_dir (or --out)") from None
@@ -175,10 +230,13 @@ class RunLog:
                 saved = log.config_path.read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 raise RunDirError(f"--resume: cannot read {log.config_path} ({type(exc).__name__})") from None
-            if _comparable(saved) != _comparable(exp.to_toml()):
+            changed = config_change(d, exp)
+            if changed:
                 raise RunDirError(
-                    f"--resume: the config differs from the one saved in {log.config_path} (only 'rounds', 'executor', 'ray_*', 'device', 'log' and 'engine.workers' may change); "
-                    f"resume with the same config or choose another out_dir"
+                    f"--resume: the config differs from the one saved in {log.config_path}: {changed} (only 'rounds', "
+                    f"'executor', 'ray_*', 'device', 'log' and 'engine.workers' may change; a value you did not set "
+                    f"means a default changed since the run started: set the one it started with); resume with the "
+                    f"same config or choose another out_dir"
                 )
             done = log.completed_rounds()
             if exp.rounds < done:
