@@ -95,9 +95,14 @@ def test_collect_counts_the_seeds_found_and_keeps_gone_cells_with_their_seeds(
     assert main(args) == 0
     table = tmp_path / "out" / "toy.md"
     assert _row(table, "t/acc")[4].endswith("(n=2)")
+    both = _row(table, "t/acc")[4]
     shutil.rmtree(tmp_path / "runs" / "toy" / "seed-1")
     assert main([*args, "--collect"]) == 0
-    row = _row(table, "t/acc")
+    row = _row(table, "t/acc")  # seed 1's value is kept from the table, beside seed 0's run
+    assert row[4] == both and "seed 1 kept from the previous table" in row[6]
+    # written to a new table (nothing to keep), the cell is seed 0's run alone
+    assert main([*args[:-1], "out/fresh.md", "--collect"]) == 0
+    row = _row(tmp_path / "out" / "fresh.md", "t/acc")
     assert "±" not in row[4] and re.fullmatch(r"[\d.]+", row[4]) and row[6].startswith("`runs/toy` (")
     seed0 = f"{_final_acc(tmp_path / 'runs' / 'toy'):.2f}"
     assert row[4] == seed0
@@ -314,3 +319,68 @@ def test_a_final_cell_pools_only_the_seeds_that_got_furthest() -> None:
     # a cell at a fixed round still pools every seed that reached it
     ours, _ = seeds_value(Cell("c", "t", "cfg", "consensus/acc", round=1), runs, {})
     assert ours.endswith("(n=2 of 3)")
+
+
+def test_collect_keeps_a_gone_seed_beside_the_seeds_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 0's folder lost (a new machine), seeds 1 and 2 rerun: the cell is still the
+    mean over all three, seed 0's value taken from the previous table and said to be kept;
+    without this the mean silently became one over the two new seeds."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1, 2])
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    full = _row(table, "t/acc")
+    assert full[4].endswith("(n=3)")
+    accs = {s: _final_acc(tmp_path / "runs" / "toy" / (f"seed-{s}" if s else "")) for s in (0, 1, 2)}
+    # seed 0's folder (runs/toy itself) gone, seeds 1 and 2 kept
+    for f in (tmp_path / "runs" / "toy").iterdir():
+        if not f.name.startswith("seed-"):
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
+    assert main([*args, "--collect"]) == 0
+    row = _row(table, "t/acc")
+    assert row[4] == full[4]  # the same mean ± std over the same three values
+    assert "seeds 0, 1, 2" in row[6] and "seed 0 kept from the previous table" in row[6]
+    note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
+    assert note == "- `t/acc`: " + ", ".join(f"{s}: {a:.2f}" for s, a in accs.items())
+    # and again: seed 0 stays kept (its text is the previous table's), nothing doubles
+    assert main([*args, "--collect"]) == 0
+    assert _row(table, "t/acc")[4] == full[4]
+    # a seed that was behind is not kept as a value
+    from lowband.reproduce import kept_seeds
+    kept = kept_seeds("0: 79.43, 1: behind (round 0 of 30), 2: > 30, 3: 1,234.50", "0-30/30", {2})
+    assert sorted(kept) == [0, 3] and kept[0].value == 79.43 and kept[0].rounds == 30
+    assert kept[3].value == 1234.5
+    assert kept_seeds("0: > 30, 1: -", "30/30", set())[0].value is None and 1 not in kept_seeds("1: -", "3/3", set())
+
+
+def test_collect_keeps_a_single_seed_cell_beside_new_seeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell measured with the config's seed alone (no per-seed list in its table), its
+    folder lost, then seeds 1 and 2 run: the cell pools all three."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    one = _row(table, "t/acc")[4]
+    assert re.fullmatch(r"[\d.]+", one)
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--collect"]) == 0  # kept whole
+    cfg = str(papers / "toy" / "dfedavg.toml")
+    for s in (1, 2):
+        assert main(["run", cfg, f"seed={s}", f"out_dir=runs/toy/seed-{s}", "--quiet"]) == 0
+    assert main([*args, "--collect"]) == 0
+    row = _row(table, "t/acc")
+    assert row[4].endswith("(n=3)") and "seed 0 kept from the previous table" in row[6]
+    note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
+    assert note.startswith(f"- `t/acc`: 0: {one}, 1: ")
+    nums = [float(x.split(": ")[1]) for x in note.split("`: ")[1].split(", ")]
+    assert row[4].startswith(f"{statistics.mean(nums):.2f} ± {statistics.stdev(nums):.2f}")
+    from lowband.reproduce import kept_seeds
+    assert kept_seeds("0: n/a (reference not run)", "3/3", set()) == {}

@@ -497,23 +497,66 @@ def unlearned_text(cell: Cell, recs: list[dict]) -> str:
     return f" (unlearned: best {number_text(cell, 100 * watch.peak[0])} at r{watch.peak[1]})"
 
 
-def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) -> tuple[str, list[str]]:
-    """(*ours*, per-seed texts) of ``cell`` over its config's seed ``runs``: the one run's
-    text for a single seed, else ``mean ± std (n=k)`` over the seeds with a number (``of
-    N`` when some have none, e.g. a target not reached); ``refs`` are the reference's
-    runs (paired by seed, else its first)."""
+@dataclass(frozen=True)
+class KeptSeed:
+    """One seed's value kept from the previous table because its run folder is gone while
+    other seeds of the same config are on disk: ``value`` (None where the text holds no
+    number, e.g. ``> 30``), its ``text`` as that table wrote it, and ``rounds`` (how far
+    that table's runs had got)."""
+
+    value: Optional[float]
+    text: str
+    rounds: int
+
+
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+
+
+def kept_seeds(note: str, rounds: str, on_disk: set[int]) -> dict[int, KeptSeed]:
+    """Seeds of a previous table's per-seed list ``note`` (``"0: 79.43, 1: behind (round 0
+    of 30)"``) that have a value there and no run folder now (``on_disk``): a cleaned
+    ``runs/`` must not erase a seed that was measured when the other seeds are rerun.
+    ``rounds`` is that table's *rounds* column (``"0-30/30"``): the kept values are from
+    its furthest round. A seed that was behind, or had no value, is not kept (``> 30``, a
+    target not reached, is a value)."""
+    done = re.match(r"(?:\d+-)?(\d+)/\d+", rounds.strip())
+    furthest = int(done.group(1)) if done else 0
+    out: dict[int, KeptSeed] = {}
+    for m in re.finditer(r"(?:^|, )(\d+): (.*?)(?=, \d+: |$)", note):
+        s, text = int(m.group(1)), m.group(2).strip()
+        if s in on_disk or text in ("", "-") or text.startswith("behind"):
+            continue
+        num = _NUMBER.match(text)
+        if num is None and not text.startswith(">"):  # "n/a (reference not run)": nothing measured
+            continue
+        out[s] = KeptSeed(float(num.group(0).replace(",", "")) if num else None, text, furthest)
+    return out
+
+
+def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData],
+                kept: Optional[dict[int, KeptSeed]] = None) -> tuple[str, list[str]]:
+    """(*ours*, per-seed texts) of ``cell`` over its config's seed ``runs`` (and the
+    ``kept`` seeds whose folders are gone): the one run's text for a single seed, else
+    ``mean ± std (n=k)`` over the seeds with a number (``of N`` when some have none, e.g.
+    a target not reached); ``refs`` are the reference's runs (paired by seed, else its
+    first)."""
     from lowband.batch import stats
 
+    kept = kept or {}
     # a cell read at the run's end (no ``round``) pools only the seeds that got furthest: a
     # seed still under way would mix round 3 into a round-30 mean (it counts as "n=k of N")
-    furthest = max(d.rounds_done for d in runs.values())
+    furthest = max([d.rounds_done for d in runs.values()] + [k.rounds for k in kept.values()])
     per = []
-    for s, d in runs.items():
-        ref = refs.get(s) or next(iter(refs.values()), None)
-        if cell.round is None and d.rounds_done < furthest:
-            per.append((s, None, f"behind (round {d.rounds_done} of {furthest})"))
-        else:
+    for s in sorted({*runs, *kept}):
+        d, k = runs.get(s), kept.get(s)
+        done = d.rounds_done if d is not None else k.rounds
+        if cell.round is None and done < furthest:
+            per.append((s, None, f"behind (round {done} of {furthest})"))
+        elif d is not None:
+            ref = refs.get(s) or next(iter(refs.values()), None)
             per.append((s, *value(cell, d, ref)))
+        else:
+            per.append((s, k.value, k.text))
     texts = [f"{s}: {t or '-'}" for s, _, t in per]
     if len(per) == 1:
         return per[0][2], texts
@@ -600,8 +643,14 @@ def _same_run(where: str, config: str, overrides: list[str]) -> bool:
     return Path(m.group(1)).name == Path(rd).name
 
 
-def _rounds_text(cell: Cell, runs: list[RunData]) -> str:
-    done = sorted({d.rounds_done for d in runs})
+def config_seed(config: str, overrides: list[str]) -> int:
+    """The seed ``config`` runs under (its ``seed``, default 0): the seed of its run folder ``R``."""
+    return int(load_experiment(config, overrides).seed)
+
+
+def _rounds_text(cell: Cell, runs: list[RunData], kept: Optional[dict[int, KeptSeed]] = None) -> str:
+    kept = kept or {}
+    done = sorted({d.rounds_done for d in runs} | {k.rounds for k in kept.values()})
     planned = max(d.rounds_planned for d in runs)
     text = f"{done[0]}/{planned}" if len(done) == 1 else f"{done[0]}-{done[-1]}/{planned}"
     return text + (f" (at {cell.round})" if cell.round is not None else "")
@@ -653,14 +702,26 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             elif not runs:
                 ours, rounds, where = "", "", "not run"
             else:
-                ours, per_seed = seeds_value(c, runs, refs)
-                rounds = _rounds_text(c, list(runs.values()))
+                held = {}
+                if c.id in previous and _same_run(previous[c.id][2], c.config, overrides):
+                    note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
+                    if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
+                        # one seed then (no per-seed list): the config's own seed
+                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}"
+                    held = kept_seeds(note, previous[c.id][1], set(runs))
+                ours, per_seed = seeds_value(c, runs, refs, held)
+                rounds = _rounds_text(c, list(runs.values()), held)
                 base = next(iter(runs.values())).dir
                 base = base.parent if re.fullmatch(r"seed-\d+", base.name) else base
-                seeds = "" if len(runs) == 1 else f" seeds {', '.join(str(s) for s in runs)}"
+                every = sorted({*runs, *held})
+                seeds = "" if len(every) == 1 else f" seeds {', '.join(str(s) for s in every)}"
                 cpu_h = sum(d.cpu_hours for d in runs.values())
                 where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h)"
-                if len(runs) > 1 and ours:
+                if held:
+                    names = ", ".join(str(s) for s in held)
+                    where += f" (seed {names} kept from the previous table: run folder not found)"
+                    kept[f"{c.id}#kept-seeds"] = previous[c.id][2]  # their compute, once per folder
+                if len(every) > 1 and ours:
                     notes.append(f"- `{c.id}`: {', '.join(per_seed)}")
             body.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
         if notes:
@@ -749,4 +810,4 @@ def add_parser(sub: Any) -> None:
 
 
 __all__ = ["Cell", "add_parser", "cmd_reproduce", "load_cells", "locate", "packaged_experiments", "run_plan",
-           "seed_data", "seed_overrides", "select", "table_markdown", "value", "with_seeds"]
+           "kept_seeds", "seed_data", "seed_overrides", "select", "table_markdown", "value", "with_seeds"]
