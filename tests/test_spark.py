@@ -262,7 +262,7 @@ def test_stale_scratch_files_of_dead_processes_are_swept(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from lowband.algorithms.decentralised.ntk_dfl import sweep_stale_scratch
+    from lowband.algorithms.decentralised.ntk_cache import sweep_stale_scratch
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()

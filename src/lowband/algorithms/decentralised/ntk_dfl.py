@@ -1,29 +1,26 @@
-"""NTK-DFL (Thompson et al., ICML 2025), and the machinery SPARK shares with it.
+"""NTK-DFL (Thompson et al., ICML 2025): its round, written once, with the hooks where SPARK
+(:mod:`lowband.algorithms.decentralised.spark`) differs.
 
 One round ``r`` (specs/ntk_dfl_spark.md, "NTK-DFL round r"; every step below runs on one
 node with its own state, data and inbox):
 
-1. ``share``: node i sends its weights ``w_i`` to its neighbours (SPARK: its subspace
-   coordinates ``theta_i``, k floats). With distillation it also computes its own logits
-   ``z_i = f(X_i; w_i)`` on its own data (alg. 1 line 6).
+1. ``share``: node i sends its weights ``w_i`` to its neighbours.
 2. ``request``: node i averages uniformly over its closed neighbourhood,
    ``w_bar_i = (w_i + sum_j w_j) / (deg + 1)``, keeps it, and sends it to every neighbour
    as a Jacobian request.
 3. ``reply``: each neighbour j answers each requester i with the Jacobian of its logits on
-   its data at ``w_bar_i`` (``n_j x C x d``; SPARK: ``J P``, ``n_j x C x k``), the logits
-   ``f(X_j; w_bar_i)``, its labels and (distillation) ``z_j``. NTK-DFL's full Jacobian is
-   a *declared* tensor (628 MB per edge at the paper's size: counted, never built) whose
-   equivalent input ``X_j`` travels as an uncounted stand-in; the receiver recomputes the
-   declared content ``J(X_j; w_bar_i)`` implicitly. SPARK's messages are really encoded.
+   its data at ``w_bar_i`` (``n_j x C x d``), the logits ``f(X_j; w_bar_i)`` and its labels.
+   The full Jacobian is a *declared* tensor (628 MB per edge at the paper's size: counted,
+   never built) whose equivalent input ``X_j`` travels as an uncounted stand-in; the
+   receiver recomputes the declared content ``J(X_j; w_bar_i)`` implicitly.
 4. ``update``: node i stacks the ``N`` samples of its neighbourhood, builds the trace
    kernel ``K = (1/C) sum_c J_c J_c^T`` (``N x N``; closed form for the MLP), evolves
    ``df/dt = -(1/N) K (softmax(f) - Y)`` from ``f_0 = f(X; w_bar_i)`` on ``t_s = s lr_r``
    (RK4), forms ``R_tau = sum_{s<tau} softmax(f_{t_s}) - tau Y`` and
-   ``dw_tau = -(lr_r / N) J^T R_tau`` (a backward pass; SPARK: ``-(lr_r/N) Jt^T R``),
-   and keeps the candidate ``tau`` with the smallest cross-entropy on the pooled data.
+   ``dw_tau = -(lr_r / N) J^T R_tau`` (a backward pass), and keeps the candidate ``tau``
+   with the smallest cross-entropy on the pooled data.
    ``lr_r = lr * exp(-lr_decay * (r - 1))`` (1-based rounds).
-5. ``commit``: synchronous: ``w_i <- w_bar_i + dw`` for every node at once (SPARK with
-   momentum: ``v <- mu v + dw``, ``theta <- theta_bar + mu v + dw``).
+5. ``commit``: synchronous: ``w_i <- w_bar_i + dw`` for every node at once.
 
 ``order = "sequential"`` runs the loop of the reference's ``random_graph*.py`` instead
 (Gauss-Seidel; its ``main.py``, which the reference numbers come from, is synchronous): nodes take
@@ -31,21 +28,44 @@ their turn in id order, and node i's turn is steps 1-5 with i as the only reques
 neighbours send i their current weights, already updated ones included; i commits at once).
 Same messages per directed edge as a synchronous round; see :meth:`KernelDFL.sequential_steps`.
 
-With a projection and ``update = "full"`` step 4 stops after choosing ``tau`` and sends
-each member its slice ``R_m`` of the residual; the members answer with
-``J(X_m; w_bar_i)^T R_m`` (``grad``) and the requester applies ``-(lr_r/N) sum_m`` of them
-(``apply``): NTK-DFL's update with a projected kernel, weights exchanged in full.
-
 Steps 3 and 4 may be split into groups of requesters (``reply_groups``) so that at most a
-fraction of the round's Jacobian messages is in memory at once (SPARK at the paper's size
-moves 12 GB of projected Jacobians per round). The split changes nothing in the result
-(a test checks it). The weight-independent product ``X_j P1`` (SPARK's Gaussian ``P``
-with the MLP) is computed once per node and run and kept across rounds and groups
-(:class:`~lowband.algorithms.decentralised.ntk_cache.XPCache`: RAM up to ``xp_cache_mb``,
-then memory-mapped files in the run folder's ``scratch/`` up to ``xp_cache_disk_mb``, float32
-by default so results are identical with or without it); so is the lift ``w0 + P theta_bar_i``
-every responder of requester i computes (``LiftCache``, per round). Neither is state: a
-resumed run rebuilds them.
+fraction of the round's Jacobian messages is in memory at once. The split changes nothing
+in the result (a test checks it).
+
+:class:`KernelDFL` holds the round (steps, grouping, order, lr schedule) and asks small
+hooks what differs between NTK-DFL and SPARK; their implementations here are NTK-DFL's:
+
+=========================  =================================================================
+hook                       NTK-DFL (here)
+=========================  =================================================================
+``init_node``              ``{params: w0}``
+``share_message``          the weights ``w_i`` (``weights``)
+``own_logits``             none (SPARK: ``z_i`` for distillation)
+``average``                ``w_bar_i``, sent in full as the request
+``request_weights``        the request is ``w_bar_i`` itself
+``sample``                 all of the node's training data
+``jacobians``              none built: the reply declares ``J`` (``jacobian_message``)
+``reply_extras``           nothing beyond ``f0`` and the labels
+``reply_keys``             a member counts when its ``f0``, ``y`` and ``jac`` arrived
+``targets``                the hard labels ``Y``
+``kernel``                 the trace kernel from the pooled inputs (``basis = X``)
+``weight_update``          ``dw = -(lr/N) J^T R`` (one backward pass at ``w_bar_i``)
+``linearised``             ``J dw`` (one forward-mode pass)
+``after_evolution``        pick ``tau``, then ``next_state``
+``next_state``/``commit``  ``w_i <- w_bar_i + dw``
+``second_trip_steps``      none (SPARK's ``update = "full"``: the members' ``J^T R``)
+``num_groups``             ``reply_groups``, else one group
+=========================  =================================================================
+
+Hyperparameters: :class:`KernelDFLHP` declares NTK-DFL's knobs and, off (NTK-DFL's values),
+SPARK's switches (``projection``, ``distill``, ``momentum``, ``sample_fraction``, ``update``
+and what they read). ``ntk_dfl`` has always accepted them (docs/algorithms/spark.md: "available
+on ``ntk_dfl`` too"; tests/test_ntk.py runs them on the declared Jacobians), and a run folder's
+hyperparams.json, which ``--resume`` compares, holds every one of them. A ``ntk_dfl``
+configuration that turns a switch on runs SPARK's hooks under NTK-DFL's name and defaults
+(:class:`NTKDFL` hands its construction to
+:class:`~lowband.algorithms.decentralised.spark.NTKDFLWithSwitches`); the class here has no
+SPARK code.
 
 Deliberate choices (docs/algorithms/spark.md): Jacobians at ``w_bar_i`` (reference code);
 the candidate loss of ``tau_select = "true"`` evaluates the network at ``w_bar_i + dw`` on
@@ -60,6 +80,7 @@ receiver computes it in float32): figure 4's codecs are measured with SPARK.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Optional
 
@@ -68,9 +89,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lowband.algorithms.decentralised import ntk
-from lowband.algorithms.decentralised.ntk_cache import (  # noqa: F401
-    LiftCache, XPCache, keep_freed_heap, sweep_stale_scratch,
-)
+from lowband.algorithms.decentralised.ntk_cache import keep_freed_heap
 from lowband.algorithms.base import (
     Algorithm, Envelope, Hyperparams, NodeContext, Outbox, Params, State, Step, register,
 )
@@ -81,7 +100,14 @@ from lowband.train import weighted_average
 
 
 class KernelDFLHP(Hyperparams):
-    """Hyperparameters shared by NTK-DFL and SPARK (defaults: NTK-DFL's reference code)."""
+    """NTK-DFL's hyperparameters (defaults: its reference code) and SPARK's switches, off.
+
+    The switches (``projection`` and the knobs it reads, ``distill`` and its schedule,
+    ``momentum``, ``sample_fraction``, ``update``, the ``X P`` cache) are declared here, with
+    NTK-DFL's values, because ``ntk_dfl`` accepts them: a configuration that turns one on runs
+    SPARK's hooks (:class:`NTKDFL`), and a run folder's hyperparams.json, which ``--resume``
+    compares, holds every one of them. :class:`~lowband.algorithms.decentralised.spark.SparkHP`
+    gives them SPARK's defaults."""
 
     lr: float = Field(0.01, gt=0, description="eta: learning rate of the kernel evolution (reference: 0.01)")
     lr_decay: float = Field(0.07, ge=0, description="lr_r = lr * exp(-lr_decay * (r - 1))")
@@ -182,136 +208,166 @@ def _label_dtype(c: int) -> torch.dtype:
     return torch.uint8 if c <= 255 else torch.int64
 
 
+@dataclass
+class Pooled:
+    """Step 4 on requester i: its closed neighbourhood stacked (its own rows first, then
+    the members' in id order) and the predictions evolved on it. Lives within one step."""
+
+    members: list[int]  #: the members whose rows follow i's own, in stacking order
+    sizes: list[int]  #: rows per part, i's own first
+    basis: Any  #: what the Jacobian is known by (NTK-DFL: the pooled inputs X; SPARK: J P)
+    f0: torch.Tensor  #: f(X; w_bar_i), N x C
+    y_hard: torch.Tensor  #: one-hot labels, N x C
+    lr: float  #: lr_r
+    fs: torch.Tensor  #: the evolved predictions f_{t_s}, s = 0..max(taus)
+    rs: dict[int, torch.Tensor]  #: R_tau per candidate tau
+
+    @property
+    def n(self) -> int:
+        return int(self.f0.shape[0])
+
+
 class KernelDFL(Algorithm):
-    """NTK-DFL with SPARK's switches (``projection``, ``distill``, ``momentum``,
-    ``sample_fraction``); see the module docstring."""
+    """NTK-DFL's round: share, request, reply, update, commit (module docstring), in
+    requester groups or in sequential order. The hooks (``-- hooks`` below) are NTK-DFL's;
+    SPARK overrides them (:class:`~lowband.algorithms.decentralised.spark.Spark`)."""
 
     family = "peer"
     default_protocols = ("consensus", "node_global")
     default_main = "consensus/acc"
     Hyperparams = KernelDFLHP
-    #: each node's X P products are cached where it lives (xp_cache): no visits
+    #: each node's per-node work stays where it lives (SPARK: its cached X P products): no visits
     visiting = False
-    #: per-example payloads of a (sub)sampled training batch of the neighbour (SPARK too)
-    unaligned_kinds = {"residual": ("peer",), "jacobian": ("peer",), "logits": ("peer",)}
-
-    # -- helpers --------------------------------------------------------------------
-    @property
-    def projected(self) -> bool:
-        """Jacobians travel projected (``J P``)."""
-        return self.hp.projection != "none"
-
-    @property
-    def coords(self) -> bool:
-        """Weights live in ``w0 + Range(P)`` and travel as k coordinates ``theta``."""
-        return self.projected and self.hp.update == "subspace"
-
-    @property
-    def split_update(self) -> bool:
-        """The update needs the members' ``J_m^T R_m`` (``update = "full"``)."""
-        return self.projected and self.hp.update == "full"
+    #: per-example payloads of the neighbour's (possibly subsampled) training data
+    unaligned_kinds = {"jacobian": ("peer",), "logits": ("peer",)}
 
     def _trainable(self, ctx: NodeContext) -> list[str]:
         return ntk.float_names(ctx.model)
 
-    def _projection(self, ctx: NodeContext) -> ntk.Projection:
-        w0 = ctx.init_params()
-        names = self._trainable(ctx)
-        seed = ctx.seed if self.hp.projection_seed is None else self.hp.projection_seed
-        return ntk.cached_projection({n: w0[n] for n in names}, self.hp.k, self.hp.projection, seed,
-                                     self.hp.kron_terms, self.hp.projection_layout)
-
-    def _weights_of(self, ctx: NodeContext, theta: torch.Tensor, shared: bool = False) -> Params:
-        """``w0 + P theta`` (buffers, if any, from ``w0``). ``shared``: from the round's
-        :class:`~lowband.algorithms.decentralised.ntk_cache.LiftCache` (the same bytes; the
-        dict is shared, read-only), for ``theta_bar`` that every responder lifts."""
-        def lift(t: torch.Tensor) -> Params:
-            w0 = ctx.init_params()
-            delta = self._projection(ctx).lift(t)
-            return {n: (v + delta[n]) if n in delta else v for n, v in w0.items()}
-
-        if not shared:
-            return lift(theta)
-        if self._lifts is None:
-            self._lifts = LiftCache()
-        return self._lifts.get(ctx.round, self._proj_key(ctx), theta, lift)
-
-    def _proj_key(self, ctx: NodeContext) -> tuple:
-        w0 = ctx.init_params()
-        return (tuple((n, tuple(w0[n].shape)) for n in self._trainable(ctx)), self.hp.k, self.hp.projection,
-                ctx.seed if self.hp.projection_seed is None else self.hp.projection_seed, self.hp.kron_terms,
-                self.hp.projection_layout)
-
-    def _sample_idx(self, ctx: NodeContext) -> Optional[torch.Tensor]:
-        """The rows of the node's training data used this round (None: all of them)."""
-        f = self.hp.sample_fraction
-        n = int(ctx.data.train_y.shape[0])
-        if f >= 1.0 or n == 0:
-            return None
-        m = max(1, int(math.ceil(f * n)))
-        return torch.randperm(n, generator=ctx.rng("sample"))[:m].sort().values
-
-    def _sample(self, ctx: NodeContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """This round's (possibly subsampled) training data of the node."""
-        x, y = ctx.data.train_x, ctx.data.train_y
-        idx = self._sample_idx(ctx)
-        return (x, y) if idx is None else (x[idx], y[idx])
-
-    # -- the X P products, kept across rounds ---------------------------------------
-    #: set by the engine: <run folder>/scratch (None when the run writes no folder)
-    scratch_root: Optional[str] = None
-    _xp_cache: Optional[XPCache] = None
-    _lifts: Optional[LiftCache] = None
-
-    def xp_cache(self) -> XPCache:
-        """This run's :class:`XPCache` (budgets from the hyperparameters; files in
-        ``scratch_dir``, else the run folder's ``scratch/``)."""
-        if self._xp_cache is None:
-            folder = self.hp.scratch_dir or self.scratch_root
-            self._xp_cache = XPCache(self.hp.xp_cache_mb, self.hp.xp_cache_disk_mb if folder else 0.0, folder,
-                                     self.hp.xp_cache_dtype)
-        return self._xp_cache
-
-    def _xp(self, ctx: NodeContext, proj: ntk.Projection) -> Any:
-        """``X P1`` for this round's rows of the node's data: computed on all its training
-        inputs once per run (rows taken when ``sample_fraction < 1``), so a node's numbers do
-        not depend on whether its product was cached."""
-        q = self.xp_cache().get((ctx.node, self._proj_key(ctx)), ctx.data.train_x, proj.xp)
-        idx = self._sample_idx(ctx)
-        if idx is None:
-            return q
-        if isinstance(q, torch.Tensor):
-            return q[idx]
-        return q[idx.numpy()]
-
     def lr_at(self, round: int) -> float:
         return self.hp.lr * math.exp(-self.hp.lr_decay * (round - 1))
 
-    # -- state ----------------------------------------------------------------------
+    # -- hooks: NTK-DFL's answers (SPARK overrides them) ---------------------------------
     def init_node(self, ctx: NodeContext) -> State:
-        st: State = {"params": ctx.init_params()}
-        dim = self._projection(ctx).dim if self.coords else 0
-        if self.coords:
-            st["theta"] = torch.zeros(dim)
-        if self.hp.momentum > 0:
-            st["v"] = torch.zeros(dim) if self.coords else {
-                n: torch.zeros_like(st["params"][n]) for n in self._trainable(ctx)}
-        return st
+        return {"params": ctx.init_params()}
 
-    # -- orchestration ----------------------------------------------------------------
+    def share_message(self, ctx: NodeContext, state: State) -> Message:
+        """What step 1 sends the neighbours: the weights."""
+        return Message("weights", dict(state["params"]))
+
+    def own_logits(self, ctx: NodeContext, state: State) -> Optional[torch.Tensor]:
+        """Logits the node computes on its own data at its own weights in step 1 and sends
+        with its replies (None: none)."""
+        return None
+
+    def average(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Message]:
+        """Step 2: the entries the node keeps (``wbar`` at least) and its Jacobian request."""
+        models = [state["params"]] + [e.msg.tensors for e in inbox if e.msg.kind == "weights"]
+        wbar = weighted_average(models)
+        return {"wbar": wbar}, Message("request", dict(wbar))
+
+    def request_weights(self, ctx: NodeContext, request: dict[str, torch.Tensor]) -> Params:
+        """The weights a request asks the Jacobian at (``w_bar`` of the requester)."""
+        return request
+
+    def sample(self, ctx: NodeContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The node's training data used this round: all of it."""
+        return ctx.data.train_x, ctx.data.train_y
+
+    def jacobians(self, ctx: NodeContext, x: torch.Tensor, weights: list[Params]) -> list[Optional[torch.Tensor]]:
+        """The Jacobians the replies carry, one per weight vector (None: declared, not built)."""
+        return [None] * len(weights)
+
+    def jacobian_message(self, ctx: NodeContext, state: State, x: torch.Tensor,
+                         jac: Optional[torch.Tensor]) -> Message:
+        """The reply's Jacobian: declared (``n_j x C x d`` float32, counted), with the inputs
+        ``X_j`` as its uncounted stand-in."""
+        d = sum(int(state["params"][n].numel()) for n in self._trainable(ctx))
+        return Message("jacobian", declared={"jac": DeclaredTensor((int(x.shape[0]), ctx.num_classes, d))},
+                       stand_in={"x": x})
+
+    def reply_extras(self, state: State) -> dict[str, torch.Tensor]:
+        """Tensors the logits reply carries beyond ``f0`` and the labels."""
+        return {}
+
+    @property
+    def reply_keys(self) -> tuple[str, ...]:
+        """What a member's reply must hold to enter the kernel."""
+        return ("f0", "y", "jac")
+
+    def targets(self, ctx: NodeContext, y_hard: torch.Tensor, parts: list[dict[str, Any]]) -> torch.Tensor:
+        """The targets ``Y`` of the evolution and of ``R``: the hard labels."""
+        return y_hard
+
+    def kernel(self, ctx: NodeContext, state: State, parts: list[dict[str, Any]]) -> tuple[torch.Tensor, Any]:
+        """The trace kernel over the pooled samples, and the basis the update reads: the
+        pooled inputs (the declared Jacobians' stand-ins), from which ``J`` is implicit."""
+        x = torch.cat([m["x"] for m in parts])
+        return ntk.trace_kernel(ctx.model, state["wbar"], x), x
+
+    def weight_update(self, ctx: NodeContext, state: State, basis: Any, r: torch.Tensor, lr: float, n: int) -> Any:
+        """``dw = -(lr/N) J^T R`` (a backward pass at ``w_bar`` over the pooled inputs)."""
+        g = ntk.jt_r(ctx.model, state["wbar"], basis, r)
+        return {k: -(lr / n) * g[k] for k in self._trainable(ctx)}
+
+    def linearised(self, ctx: NodeContext, state: State, basis: Any, delta: Any) -> torch.Tensor:
+        """``J dw``: the change of the linearised predictions (``tau_select = "linear"``)."""
+        wbar = state["wbar"]
+        return ntk.j_v(ctx.model, {k: wbar[k] for k in self._trainable(ctx)}, basis, delta)
+
+    def after_evolution(self, ctx: NodeContext, state: State, pool: Pooled) -> tuple[State, Outbox]:
+        """The end of step 4: the update of every candidate tau, the best one kept."""
+        hp = self.hp
+        best: tuple[float, Any, int] | None = None
+        for tau in hp.taus:
+            delta = self.weight_update(ctx, state, pool.basis, pool.rs[tau], pool.lr, pool.n)
+            if len(hp.taus) == 1:
+                best = (0.0, delta, tau)
+                break
+            if hp.tau_select == "evolved":
+                loss = ntk.cross_entropy_soft(pool.fs[tau], pool.y_hard)
+            elif hp.tau_select == "linear":
+                loss = ntk.cross_entropy_soft(pool.f0 + self.linearised(ctx, state, pool.basis, delta), pool.y_hard)
+            else:
+                wbar = state["wbar"]
+                cand = {k: (v + delta[k]) if k in delta else v for k, v in wbar.items()}
+                loss = ntk.cross_entropy_soft(ntk.logits(ctx.model, cand, pool.basis), pool.y_hard)
+            if best is None or loss < best[0]:
+                best = (loss, delta, tau)
+        assert best is not None
+        _, delta, tau = best
+        return self.next_state(ctx, state, delta, int(tau)), Outbox()
+
+    def next_state(self, ctx: NodeContext, state: State, delta: Any, tau: int) -> State:
+        """The weights step 5 commits: ``w_bar + dw``."""
+        new = dict(state)
+        new["next_params"] = {k: (w + delta[k]) if k in delta else w.clone() for k, w in state["wbar"].items()}
+        new["tau"] = tau
+        return new
+
+    def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+        """Step 5 (synchronous: every node at once, after every update)."""
+        return {"params": state["next_params"]}, Outbox()
+
+    @property
+    def second_trip(self) -> bool:
+        """The update needs a second trip to the members (:meth:`second_trip_steps`), so the
+        responders keep the requests past their replies."""
+        return False
+
+    def second_trip_steps(self, tag: str, responders: list[int], requesters: list[int], group: frozenset,
+                          last: bool) -> list[Step]:
+        """Steps between a group's ``update`` and the commit (none)."""
+        return []
+
     def num_groups(self, plan: RoundPlan) -> int:
+        """Requester groups of a synchronous round: ``reply_groups``, else one."""
         n = len(plan.participants)
         if self.hp.reply_groups:
             return max(1, min(self.hp.reply_groups, n))
-        if not self.projected:
-            return 1
-        edges = sum(len(v) for v in plan.neighbors.values())
-        # an estimate: ~200 samples x 10 classes per reply (the paper's setting), as many
-        # columns as coordinates (a concatenated layout: up to 3 k, e.g. 2.11 k for the MLP)
-        width = self.hp.k * (1 if self.hp.projection_layout == "sum" else 3)
-        est = edges * 200 * 10 * width * 4 * self.hp.sample_fraction
-        return max(1, min(n, int(math.ceil(est / (self.hp.max_inflight_mb * 1e6)))))
+        return 1
 
+    # -- orchestration ----------------------------------------------------------------
     def steps(self, round: int, plan: RoundPlan) -> list[Step]:
         if self.hp.order == "sequential":
             return self.sequential_steps(plan)
@@ -319,13 +375,11 @@ class KernelDFL(Algorithm):
         groups = requester_groups(plan, self.num_groups(plan), round)
         out = [Step("share", nodes, self.share), Step("request", nodes, self.request)]
         for g, members in enumerate(groups):
+            last = g == len(groups) - 1
             out.append(Step(f"reply{g}", nodes, partial(self.reply, group=frozenset(members), first=g == 0,
-                                                        last=g == len(groups) - 1)))
+                                                        last=last)))
             out.append(Step(f"update{g}", members, self.update))
-            if self.split_update:
-                out.append(Step(f"grad{g}", nodes, partial(self.grad, group=frozenset(members),
-                                                           last=g == len(groups) - 1)))
-                out.append(Step(f"apply{g}", members, self.apply))
+            out += self.second_trip_steps(str(g), nodes, members, frozenset(members), last)
         out.append(Step("commit", nodes, self.commit))
         return out
 
@@ -344,43 +398,29 @@ class KernelDFL(Algorithm):
                     Step(f"request{i}", [i], self.request),
                     Step(f"reply{i}", closed, partial(self.reply, group=one, first=True)),
                     Step(f"update{i}", [i], self.update)]
-            if self.split_update:
-                out += [Step(f"grad{i}", closed, partial(self.grad, group=one, last=True)),
-                        Step(f"apply{i}", [i], self.apply)]
+            out += self.second_trip_steps(str(i), closed, [i], one, True)
             out.append(Step(f"commit{i}", [i], self.commit))
         return out
 
-    # -- step 1: share weights (or coordinates) ---------------------------------------
+    # -- step 1: share ----------------------------------------------------------------
     def share(self, ctx: NodeContext, state: State, inbox: list[Envelope], *,
               to: Optional[int] = None) -> tuple[State, Outbox]:
-        """Send the weights (or coordinates) to every neighbour, or only to ``to``
-        (sequential order; the requester ``to`` itself sends nothing)."""
+        """Send :meth:`share_message` to every neighbour, or only to ``to`` (sequential
+        order; the requester ``to`` itself sends nothing)."""
         out = Outbox()
         dsts = ctx.neighbors if to is None else (() if ctx.node == to else (to,))
-        if self.coords:
-            out.broadcast(dsts, Message("coords", {"theta": state["theta"]}))
-        else:
-            out.broadcast(dsts, Message("weights", dict(state["params"])))
+        out.broadcast(dsts, self.share_message(ctx, state))
         new = dict(state)
-        if self.hp.distill:
-            ctx.model.eval()
-            x, _ = self._sample(ctx)
-            new["own_z"] = ntk.logits(ctx.model, state["params"], x)
+        z = self.own_logits(ctx, state)
+        if z is not None:
+            new["own_z"] = z
         return new, out
 
     # -- step 2: average, request Jacobians at the average -----------------------------
     def request(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         new = dict(state)
-        if self.coords:
-            thetas = [state["theta"]] + [e.msg.tensors["theta"] for e in inbox if e.msg.kind == "coords"]
-            tbar = torch.stack(thetas).mean(0)
-            new["thetabar"] = tbar
-            new["wbar"] = self._weights_of(ctx, tbar, shared=True)
-            msg = Message("request", {"theta": tbar})
-        else:
-            models = [state["params"]] + [e.msg.tensors for e in inbox if e.msg.kind == "weights"]
-            new["wbar"] = weighted_average(models)
-            msg = Message("request", dict(new["wbar"]))
+        kept, msg = self.average(ctx, state, inbox)
+        new.update(kept)
         return new, Outbox().broadcast(ctx.neighbors, msg)
 
     # -- step 3: answer the requests of one group -------------------------------------
@@ -392,46 +432,32 @@ class KernelDFL(Algorithm):
         if first:
             new["requests"] = {e.src: e.msg.tensors for e in inbox if e.msg.kind == "request"}
         reqs = [(s, t) for s, t in sorted(new["requests"].items()) if s in group]
-        if last and not self.split_update:  # no later step needs them: free the requests' weights early
+        if last and not self.second_trip:  # no later step needs them: free the requests' weights early
             new["requests"] = {}
         me = ctx.node in group
         out = Outbox()
         if not reqs and not me:
             return new, out
         ctx.model.eval()
-        x, y = self._sample(ctx)
-        weights = [(self._weights_of(ctx, t["theta"], shared=True) if self.coords else t) for _, t in reqs]
+        x, y = self.sample(ctx)
+        weights = [self.request_weights(ctx, t) for _, t in reqs]
         if me:
             weights.append(state["wbar"])
         f0s = [ntk.logits(ctx.model, w, x) for w in weights]
-        jts: list = [None] * len(weights)
-        if self.projected:
-            proj = self._projection(ctx)
-            q = self._xp(ctx, proj) if proj.structured(ctx.model) and proj.has_xp() else None
-            jts = proj.jacobian(ctx.model, x, weights, q=q)
-        c = ctx.num_classes
-        labels = y.to(_label_dtype(c))
-        d = sum(int(state["params"][n].numel()) for n in self._trainable(ctx))
-        z = state.get("own_z")
+        jts = self.jacobians(ctx, x, weights)
+        labels = y.to(_label_dtype(ctx.num_classes))
+        extras = self.reply_extras(state)
         for (src, _), f0, jt in zip(reqs, f0s, jts):
-            lg = {"f0": f0, "y": labels}
-            if z is not None:
-                lg["z"] = z
-            out.send(src, Message("logits", lg))
-            if jt is not None:
-                out.send(src, Message("jacobian", {"jac": jt}))
-            else:
-                out.send(src, Message("jacobian", declared={"jac": DeclaredTensor((int(x.shape[0]), c, d))},
-                                      stand_in={"x": x}))
+            out.send(src, Message("logits", {"f0": f0, "y": labels, **extras}))
+            out.send(src, self.jacobian_message(ctx, state, x, jt))
         if me:
-            new["self_reply"] = {"f0": f0s[-1], "y": labels, "x": x, "jac": jts[-1], "z": z}
+            new["self_reply"] = {"f0": f0s[-1], "y": labels, "x": x, "jac": jts[-1], **extras}
         return new, out
 
     # -- step 4: kernel, evolution, update ----------------------------------------------
     def update(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         hp = self.hp
         ctx.model.eval()
-        c = ctx.num_classes
         members: dict[int, dict[str, Any]] = {}
         for e in inbox:
             slot = members.setdefault(e.src, {})
@@ -442,150 +468,19 @@ class KernelDFL(Algorithm):
                 slot["x"] = e.msg.stand_in.get("x")
         # a neighbour whose logits or Jacobian was refused by validation (or came late)
         # is left out of this round's kernel, as if it had not replied
-        need = ("f0", "y", "jac") + (("z",) if hp.distill else ())
+        need = self.reply_keys
         members = {s: m for s, m in members.items() if all(k in m for k in need)}
-        own = state["self_reply"]
-        order = [own] + [members[s] for s in sorted(members)]
-        f0 = torch.cat([m["f0"] for m in order])
-        yh = _onehot(torch.cat([m["y"] for m in order]), c)
-        n = int(f0.shape[0])
+        parts = [state["self_reply"]] + [members[s] for s in sorted(members)]
+        f0 = torch.cat([m["f0"] for m in parts])
+        yh = _onehot(torch.cat([m["y"] for m in parts]), ctx.num_classes)
         lr = self.lr_at(ctx.round)
-        z = torch.cat([m["z"] for m in order]) if hp.distill else None
-        alpha, temp = ntk.distill_schedule(ctx.round, hp.distill_warmup, hp.distill_rounds, hp.alpha_init,
-                                           hp.alpha_final, hp.temp_init, hp.temp_final)
-        yt = ntk.distill_target(yh, z, alpha, temp)
-        wbar = state["wbar"]
-        names = self._trainable(ctx)
-        if self.projected:
-            jt = ntk.cat_scratch([m["jac"] for m in order])  # a reused buffer: used here only
-            kern = ntk.projected_kernel(jt)
-            x = None
-        else:
-            x = torch.cat([m["x"] for m in order])
-            kern = ntk.trace_kernel(ctx.model, wbar, x)
+        yt = self.targets(ctx, yh, parts)
+        kern, basis = self.kernel(ctx, state, parts)
         fs = ntk.evolve_ce(kern, f0, yt, lr, max(hp.taus), hp.ode_substeps)
         rs = ntk.residuals(fs, yt, hp.taus)
-        if self.split_update:
-            return self._send_residuals(state, order, members, fs, rs, yh, n)
-        best: tuple[float, Any, int] | None = None
-        for tau in hp.taus:
-            if self.projected:
-                delta = -(lr / n) * (rs[tau].reshape(1, -1) @ jt.reshape(-1, jt.shape[2])).reshape(-1)
-            else:
-                g = ntk.jt_r(ctx.model, wbar, x, rs[tau])
-                delta = {k: -(lr / n) * g[k] for k in names}
-            if len(hp.taus) == 1:
-                best = (0.0, delta, tau)
-                break
-            if hp.tau_select == "evolved":
-                loss = ntk.cross_entropy_soft(fs[tau], yh)
-            elif hp.tau_select == "linear":
-                fl = f0 + (torch.einsum("nck,k->nc", jt, delta) if self.projected
-                           else ntk.j_v(ctx.model, {k: wbar[k] for k in names}, x, delta))
-                loss = ntk.cross_entropy_soft(fl, yh)
-            else:
-                cand = {k: (v + delta[k]) if k in delta else v for k, v in wbar.items()}
-                loss = ntk.cross_entropy_soft(ntk.logits(ctx.model, cand, x), yh)
-            if best is None or loss < best[0]:
-                best = (loss, delta, tau)
-        assert best is not None
-        _, delta, tau = best
-        return self._step(ctx, state, delta, int(tau)), Outbox()
-
-    def _step(self, ctx: NodeContext, state: State, delta: Any, tau: int) -> State:
-        """Momentum (if any) and the next weights from the update ``delta`` (``theta``-space
-        with coordinates, else a parameter dict)."""
-        new = dict(state)
-        mu = self.hp.momentum
-        if self.coords:
-            if mu > 0:
-                v = mu * state["v"] + delta
-                new["next_v"] = v
-                step = mu * v + delta
-            else:
-                step = delta
-            new["next_theta"] = state["thetabar"] + step
-        else:
-            names = self._trainable(ctx)
-            if mu > 0:
-                v = {k: mu * state["v"][k] + delta[k] for k in names}
-                new["next_v"] = v
-                step = {k: mu * v[k] + delta[k] for k in names}
-            else:
-                step = delta
-            wbar = state["wbar"]
-            new["next_params"] = {k: (w + step[k]) if k in step else w.clone() for k, w in wbar.items()}
-        new["tau"] = tau
-        return new
-
-    # -- update = "full": the members compute J_m^T R_m ------------------------------------
-    def _send_residuals(self, state: State, order: list, members: dict, fs: torch.Tensor, rs: dict,
-                        yh: torch.Tensor, n: int) -> tuple[State, Outbox]:
-        """Pick tau on the evolved predictions and send each member its slice of ``R``
-        (``n_m x C`` floats); the own slice stays here."""
-        hp = self.hp
-        tau = hp.taus[0] if len(hp.taus) == 1 else min(hp.taus, key=lambda t: ntk.cross_entropy_soft(fs[t], yh))
-        r = rs[tau]
-        out = Outbox()
-        sizes = [int(m["f0"].shape[0]) for m in order]
-        parts = torch.split(r, sizes)
-        for src, part in zip(sorted(members), parts[1:]):
-            out.send(src, Message("residual", {"r": part.contiguous()}))
-        new = dict(state)
-        new["own_residual"] = parts[0].contiguous()
-        new["pending"] = {"n": n, "tau": int(tau)}
-        return new, out
-
-    def grad(self, ctx: NodeContext, state: State, inbox: list[Envelope], *, group: frozenset,
-             last: bool) -> tuple[State, Outbox]:
-        """Member side of ``update = "full"``: ``J(X_m; w_bar_i)^T R_m`` (one backward pass)
-        for every requester i of this group that sent a residual; ``d`` floats back."""
-        new = dict(state)
-        out = Outbox()
-        ctx.model.eval()
-        asks = [(e.src, e.msg.tensors["r"]) for e in inbox if e.msg.kind == "residual"]
-        if asks or ctx.node in group:
-            x, _ = self._sample(ctx)
-            names = self._trainable(ctx)
-            for src, r in sorted(asks, key=lambda a: a[0]):
-                w = state["requests"][src]
-                g = ntk.jt_r(ctx.model, w, x, r)
-                out.send(src, Message("grad", {k: g[k] for k in names}))
-            if ctx.node in group:
-                g = ntk.jt_r(ctx.model, state["wbar"], x, state["own_residual"])
-                new["own_grad"] = {k: g[k] for k in names}
-                new.pop("own_residual", None)
-        if last:
-            new["requests"] = {}
-        return new, out
-
-    def apply(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        """Requester side of ``update = "full"``: ``dw = -(lr/N) sum_m J_m^T R_m``."""
-        pend = state["pending"]
-        names = self._trainable(ctx)
-        total = {k: state["own_grad"][k].clone() for k in names}
-        for e in inbox:
-            if e.msg.kind == "grad":
-                for k in names:
-                    total[k] += e.msg.tensors[k]
-        scale = -(self.lr_at(ctx.round) / pend["n"])
-        delta = {k: scale * total[k] for k in names}
-        new = self._step(ctx, state, delta, pend["tau"])
-        new.pop("own_grad", None)
-        new.pop("pending", None)
-        return new, Outbox()
-
-    # -- step 5: synchronous commit ---------------------------------------------------------
-    def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        new: State = {}
-        if self.coords:
-            new["theta"] = state["next_theta"]
-            new["params"] = self._weights_of(ctx, new["theta"])
-        else:
-            new["params"] = state["next_params"]
-        if self.hp.momentum > 0:
-            new["v"] = state["next_v"]
-        return new, Outbox()
+        pool = Pooled(members=sorted(members), sizes=[int(m["f0"].shape[0]) for m in parts], basis=basis, f0=f0,
+                      y_hard=yh, lr=lr, fs=fs, rs=rs)
+        return self.after_evolution(ctx, state, pool)
 
 
 def requester_groups(plan: RoundPlan, groups: int, round: int, sweeps: int = 30) -> list[list[int]]:
@@ -639,6 +534,7 @@ def requester_groups(plan: RoundPlan, groups: int, round: int, sweeps: int = 30)
     return [sorted(v for v in nodes if g[v] == i) for i in range(groups)]
 
 
+
 @register
 class NTKDFL(KernelDFL):
     """NTK-DFL: full Jacobians (declared), trace kernel, CE evolution, tau selection."""
@@ -646,3 +542,15 @@ class NTKDFL(KernelDFL):
     name = "ntk_dfl"
     paper = "Thompson et al., NTK-DFL: Enhancing Decentralized Federated Learning in Heterogeneous Settings via NTK, ICML 2025"
     Hyperparams = KernelDFLHP
+
+    def __new__(cls, hp: Optional[Hyperparams] = None, *args: Any, **kwargs: Any) -> "NTKDFL":
+        """A configuration that turns one of SPARK's switches on runs SPARK's hooks under this
+        name and these defaults (module docstring): the object built is then
+        :class:`~lowband.algorithms.decentralised.spark.NTKDFLWithSwitches` (a subclass).
+        Without ``hp`` (unpickling) the class is kept."""
+        if cls is NTKDFL and hp is not None:
+            from lowband.algorithms.decentralised import spark  # imports this module: here, not at the top
+
+            if spark.switched_on(hp):
+                cls = spark.NTKDFLWithSwitches
+        return super().__new__(cls)
