@@ -1,13 +1,13 @@
 """The ``device`` option (lowband.device): device-parametrised plumbing tests.
 
 Every test that takes ``device`` runs on "cpu" here and is collected for "cuda" on a
-machine where ``torch.cuda.is_available()`` (skipped otherwise). Nothing in this file has
-been run on a GPU yet (docs/user-guide.md, "Devices").
-"""
+machine where ``torch.cuda.is_available()`` (skipped otherwise); the ``@CUDA`` tests run
+on a GPU only. What ran on a GPU, and what it found, is in docs/user-guide.md, "Devices"."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import digits_config
+from lowband.algorithms import ALGORITHMS
 from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message
 from lowband.comm.network import CodecConfig, Network
@@ -177,6 +178,69 @@ def test_families_run_on_the_device(tmp_path: Path, device: str, alg: str) -> No
             assert last["bytes/total"] == cpu.metrics[-1]["bytes/total"]
 
 
+#: the kernel family (NTK-DFL, SPARK) through each of its code paths: the closed-form MLP
+#: kernel, SPARK's fast structured J P (sum layout) with X P1 kept in memory or read back
+#: from a disk file, the general structured path (tensor layout), the Kronecker blocks,
+#: and the second trip of update = "full"
+KERNEL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ntk_dfl": ("ntk_dfl", {"taus": [2, 6]}),
+    "spark": ("spark", {"k": 40, "taus": [2, 6], "distill_warmup": 0, "distill_rounds": 4}),
+    "spark-xp-on-disk": ("spark", {"k": 40, "taus": [2, 6], "xp_cache_mb": 0.0}),
+    "spark-tensor": ("spark", {"k": 40, "taus": [2, 6], "projection_layout": "tensor"}),
+    "spark-kron": ("spark", {"k": 36, "taus": [2, 6], "projection": "kron"}),
+    "spark-full": ("spark", {"k": 40, "taus": [2, 6], "update": "full"}),
+}
+
+
+def _kernel_config(tmp_path: Path, variant: str, **top: Any) -> dict[str, Any]:
+    alg, hp = KERNEL_VARIANTS[variant]
+    cfg = digits_config(tmp_path, alg, rounds=2, **hp)
+    cfg["topology"] = {"kind": "kregular", "k": 3}
+    cfg["eval"] = {"protocols": ["consensus"]}
+    if "xp_cache_mb" in hp:  # the products go to files under here and are read back as memmaps
+        cfg["algorithm"]["scratch_dir"] = str(tmp_path / "scratch")
+    cfg.update(top)
+    return cfg
+
+
+@pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_family_runs_on_the_device(tmp_path: Path, device: str, variant: str) -> None:
+    """NTK-DFL and SPARK (kernels, projections, the ODE, X P1 caches) on the device: every
+    state tensor there, the same bytes as on the CPU (fp32 messages), and on a GPU the same
+    accuracy as the CPU run up to float rounding (the first GPU run found a CPU-made tensor
+    in each of these paths: a device mix raises, it does not pass silently)."""
+    sim = Simulation(validate(_kernel_config(tmp_path, variant, device=device)), write=False)
+    res = sim.run()
+    dev = torch.device(device)
+    states = list(_tensors(sim.executor.states))
+    assert states and all(t.device.type == dev.type for t in states)
+    last = res.metrics[-1]
+    assert last["round"] == 2 and last["bytes/peer"] > 0 and 0.0 <= last["consensus/acc"] <= 1.0
+    if variant == "spark-xp-on-disk":
+        assert sim.alg.xp_cache().stats["disk"] > 0  # round 2 read X P1 back from its file
+    if device != "cpu":
+        cpu = Simulation(validate(_kernel_config(tmp_path / "cpu", variant)), write=False).run().metrics[-1]
+        assert last["bytes/total"] == cpu["bytes/total"]
+        assert abs(last["consensus/acc"] - cpu["consensus/acc"]) <= 0.03, (last, cpu)
+
+
+@CUDA
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_runs_on_a_gpu(tmp_path: Path, name: str) -> None:
+    """Every algorithm, two rounds on the GPU with the settings that make it run on the
+    digits (tests/test_resume_every_algorithm.py): it finishes, keeps its states on the GPU
+    and measures a finite main metric. The CPU runs of the same configs are that file's."""
+    from test_resume_every_algorithm import _config as any_config
+
+    cfg = {**any_config(tmp_path, name), "rounds": 2, "device": "cuda", "checkpoint_every": 0}
+    sim = Simulation(validate(cfg), write=False)
+    res = sim.run()
+    assert all(t.device.type == "cuda" for t in _tensors(sim.executor.states))
+    values = [float(m[sim.main_metric]) for m in res.metrics if m.get(sim.main_metric) is not None]
+    assert res.metrics[-1]["round"] >= 1 and values and all(math.isfinite(v) for v in values)
+
+
 def test_device_cpu_gives_byte_identical_metrics(tmp_path: Path) -> None:
     """``device = "cpu"`` is today's run: metrics.jsonl byte-identical to a config without the key."""
     a = _config(tmp_path / "a", "fedavg", rounds=3)
@@ -220,7 +284,7 @@ def test_resume_on_another_device(tmp_path: Path, first: str, second: str) -> No
     more = {**cfg, "rounds": 4, "device": second}
     res = Simulation(validate(more), resume=True).run()
     lines = (Path(res.run_dir) / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4]
+    assert [json.loads(x)["round"] for x in lines] == [0, 1, 2, 3, 4]  # round 0: the initial model
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional, Sequence
 
 import torch
@@ -73,7 +73,7 @@ def logits(model: nn.Module, params: Params, x: torch.Tensor, batch: int = 4096)
     """``f(x; params)`` without autograd."""
     with torch.no_grad():
         outs = [functional_call(model, params, (x[i:i + batch],)) for i in range(0, int(x.shape[0]), batch)]
-    return torch.cat(outs) if outs else torch.empty(0)
+    return torch.cat(outs) if outs else torch.empty(0, device=x.device)
 
 
 def mlp_parts(params: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,7 +90,7 @@ def trace_kernel_mlp(params: Params, x: torch.Tensor) -> torch.Tensor:
     """Closed-form trace NTK of the plain MLP (see the module docstring), ``N x N``."""
     x2, d, h = mlp_parts(params, x)
     s = params["head.weight"].pow(2).mean(0)  # S_j = (1/C) sum_c W2[c, j]^2
-    xx = torch.addmm(torch.ones((), dtype=x2.dtype), x2, x2.t())  # X~ X~^T = X X^T + 1
+    xx = torch.addmm(torch.ones((), dtype=x2.dtype, device=x2.device), x2, x2.t())  # X~ X~^T = X X^T + 1
     dsd = (d * s) @ d.t()
     k = xx.mul_(dsd)
     k.addmm_(h, h.t())
@@ -119,7 +119,7 @@ def trace_kernel_generic(model: nn.Module, params: Params, x: torch.Tensor, chun
     """
     n = int(x.shape[0])
     starts = list(range(0, n, chunk))
-    out = torch.empty(n, n, dtype=torch.float32)
+    out = torch.empty(n, n, dtype=torch.float32, device=x.device)
     d = sum(p.numel() for p in params.values())
     c = None
     cache: dict[int, torch.Tensor] = {}
@@ -169,7 +169,7 @@ def gram(a: torch.Tensor, blocks: int = 5) -> torch.Tensor:
     n = int(a.shape[0])
     if n < 256 or blocks <= 1:
         return a @ a.t()
-    out = torch.empty(n, n, dtype=a.dtype)
+    out = torch.empty(n, n, dtype=a.dtype, device=a.device)
     cuts = [round(i * n / blocks) for i in range(blocks + 1)]
     for i in range(blocks):
         lo, hi = cuts[i], cuts[i + 1]
@@ -197,8 +197,8 @@ def cat_scratch(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     shape = (sum(int(t.shape[0]) for t in tensors), *tensors[0].shape[1:])
     numel = math.prod(shape)
     buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.numel() < numel or buf.dtype != tensors[0].dtype:
-        buf = _SCRATCH.buf = torch.empty(numel, dtype=tensors[0].dtype)
+    if buf is None or buf.numel() < numel or buf.dtype != tensors[0].dtype or buf.device != tensors[0].device:
+        buf = _SCRATCH.buf = torch.empty(numel, dtype=tensors[0].dtype, device=tensors[0].device)
     out = buf[:numel].view(shape)
     torch.cat(list(tensors), out=out)
     return out
@@ -247,7 +247,7 @@ def jt_r_naive(j: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 def power_lambda_max(a: torch.Tensor, iters: int = 30) -> float:
     """Largest eigenvalue of a symmetric PSD matrix by power iteration (an estimate)."""
     n = a.shape[0]
-    v = torch.ones(n, dtype=a.dtype) / math.sqrt(max(n, 1))
+    v = torch.ones(n, dtype=a.dtype, device=a.device) / math.sqrt(max(n, 1))
     lam = 0.0
     for _ in range(iters):
         w = a @ v
@@ -283,7 +283,7 @@ def evolve_ce(k: torch.Tensor, f0: torch.Tensor, y: torch.Tensor, lr: float, tau
     m = substeps or auto_substeps(k, n, lr)
     h = lr / m
     f = f0.to(torch.float32).t().contiguous()  # C x N layout throughout
-    out = torch.empty((tau_max + 1, *f0.shape), dtype=torch.float32)
+    out = torch.empty((tau_max + 1, *f0.shape), dtype=torch.float32, device=f0.device)
     out[0] = f.t()
 
     def rhs(v: torch.Tensor) -> torch.Tensor:
@@ -307,8 +307,8 @@ def evolve_ce_reference(k: torch.Tensor, f0: torch.Tensor, y: torch.Tensor, lr: 
     from scipy.integrate import solve_ivp
 
     n, c = f0.shape
-    a = (k.double() / n).numpy()
-    yy = y.double().numpy()
+    a = (k.double() / n).cpu().numpy()
+    yy = y.double().cpu().numpy()
 
     def rhs(t: float, v: np.ndarray) -> np.ndarray:
         z = v.reshape(n, c)
@@ -318,9 +318,9 @@ def evolve_ce_reference(k: torch.Tensor, f0: torch.Tensor, y: torch.Tensor, lr: 
         return (-(a @ (p - yy))).ravel()
 
     ts = np.arange(tau_max + 1) * lr
-    sol = solve_ivp(rhs, (0.0, ts[-1]), f0.double().numpy().ravel(), method="RK45", t_eval=ts,
+    sol = solve_ivp(rhs, (0.0, ts[-1]), f0.double().cpu().numpy().ravel(), method="RK45", t_eval=ts,
                     rtol=rtol, atol=atol)
-    return torch.from_numpy(sol.y.T.reshape(tau_max + 1, n, c)).float()
+    return torch.from_numpy(sol.y.T.reshape(tau_max + 1, n, c)).float().to(f0.device)
 
 
 def residuals(fs: torch.Tensor, y: torch.Tensor, taus: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -453,6 +453,24 @@ class Projection:
                 p.blocks[n] = ("dense", torch.randn(d, k, generator=g).div_(math.sqrt(k)))
         return p
 
+    @property
+    def device(self) -> torch.device:
+        """Where the blocks live (the CPU for a projection of identity blocks only)."""
+        for blk in self.blocks.values():
+            for t in blk[1:]:
+                if isinstance(t, torch.Tensor):
+                    return t.device
+        return torch.device("cpu")
+
+    def to(self, device: torch.device) -> "Projection":
+        """This projection with its blocks on ``device`` (drawn on the CPU from the addressed
+        generator, so every device holds the same matrix); ``self`` where they already are."""
+        if torch.device(device) == self.device:
+            return self
+        blocks = {n: (blk[0], *(t.to(device) if isinstance(t, torch.Tensor) else t for t in blk[1:]))
+                  for n, blk in self.blocks.items()}
+        return replace(self, blocks=blocks, cols=dict(self.cols))
+
     # -- P theta and P^T g ------------------------------------------------------------
     def _sl(self, n: str) -> slice:
         s, w = self.cols[n]
@@ -480,7 +498,7 @@ class Projection:
 
     def project(self, g: Params) -> torch.Tensor:
         """``P^T g`` (``dim``) for a parameter-shaped ``g``."""
-        acc = torch.zeros(self.dim)
+        acc = torch.zeros(self.dim, device=self.device)
         for n, shape in zip(self.names, self.shapes):
             blk = self.blocks[n]
             v = g[n].to(torch.float32)
@@ -503,14 +521,14 @@ class Projection:
         for n, shape in zip(self.names, self.shapes):
             blk = self.blocks[n]
             if blk[0] == "eye":
-                b = torch.eye(self.cols[n][1])
+                b = torch.eye(self.cols[n][1], device=self.device)
             elif blk[0] == "kron":
                 b = sum(torch.kron(a, bb) for a, bb in zip(blk[1], blk[2]))
             elif blk[0] == "dense2":
                 b = blk[1].permute(1, 0, 2).reshape(-1, self.k)
             else:
                 b = blk[1]
-            row = torch.zeros(b.shape[0], self.dim)
+            row = torch.zeros(b.shape[0], self.dim, device=self.device)
             row[:, self._sl(n)] = b
             rows.append(row)
         return torch.cat(rows, 0)
@@ -550,7 +568,7 @@ class Projection:
         inn, hid = int(p1.shape[0]), int(p1.shape[1])
         p1f = p1.view(inn, hid * self.k)
         pb1 = self.blocks["fc1.bias"][1] if self.fast_mlp() else None  # (hid, k)
-        out = torch.empty(int(x2.shape[0]), hid, self.k)
+        out = torch.empty(int(x2.shape[0]), hid, self.k, device=x2.device)
         for a in range(0, int(x2.shape[0]), chunk):
             blk = out[a:a + chunk]
             torch.mm(x2[a:a + chunk], p1f, out=blk.view(-1, hid * self.k))
@@ -627,7 +645,7 @@ class Projection:
             if isinstance(q, torch.Tensor):
                 qa = q[a:b].to(torch.float32)
             else:  # numpy array or (copy-on-write) memmap
-                qa = torch.from_numpy(q[a:b]).to(torch.float32)
+                qa = torch.from_numpy(q[a:b]).to(device=x2.device, dtype=torch.float32)
             out[a:b].baddbmm_(gcat[a:b], qa)
         if w == 1:
             return [out]
@@ -658,9 +676,9 @@ class Projection:
         b2 = self.blocks["head.weight"]
         bb1_, bb2_ = self.blocks["fc1.bias"], self.blocks["head.bias"]
         s1, s2, sb1, sb2 = (self._sl(nm) for nm in ("fc1.weight", "head.weight", "fc1.bias", "head.bias"))
-        eye_c = torch.eye(c)
+        eye_c = torch.eye(c, device=x2.device)
         for g, h in zip(gs, hs):
-            out = torch.zeros(n, c, self.dim)
+            out = torch.zeros(n, c, self.dim, device=x2.device)
             if bb1_[0] == "eye":  # b1
                 out[:, :, sb1] += g
             else:
@@ -697,7 +715,7 @@ class Projection:
                 elif isinstance(q, torch.Tensor):
                     qa = q[a:a + chunk].to(torch.float32)
                 else:  # numpy array or (copy-on-write) memmap
-                    qa = torch.from_numpy(q[a:a + chunk]).to(torch.float32)
+                    qa = torch.from_numpy(q[a:a + chunk]).to(device=x2.device, dtype=torch.float32)
                 prod = torch.bmm(gcat[a:a + chunk], qa)
                 for i, out in enumerate(outs):
                     out[a:a + chunk, :, s1] += prod[:, i * c:(i + 1) * c]
@@ -727,13 +745,15 @@ def cached_projection(params: Params, k: int, kind: ProjKind, seed: int, terms: 
                       layout: Layout = "sum") -> Projection:
     """The projection for (architecture, k, kind, seed, terms, layout), built once per
     process: every node would build the identical matrix from the shared seed, so one copy
-    serves all."""
-    key = (tuple((n, tuple(v.shape)) for n, v in params.items()), int(k), kind, int(seed), int(terms), layout)
+    serves all. It lives on the device of ``params`` (drawn on the CPU, then moved)."""
+    dev = next(iter(params.values())).device if params else torch.device("cpu")
+    key = (tuple((n, tuple(v.shape)) for n, v in params.items()), int(k), kind, int(seed), int(terms), layout,
+           str(dev))
     p = _PROJ_CACHE.get(key)
     if p is None:
         if len(_PROJ_CACHE) >= 2:
             _PROJ_CACHE.pop(next(iter(_PROJ_CACHE)))
-        p = _PROJ_CACHE[key] = Projection.build(params, k, kind, seed, terms, layout)
+        p = _PROJ_CACHE[key] = Projection.build(params, k, kind, seed, terms, layout).to(dev)
     return p
 
 

@@ -51,7 +51,7 @@ def fingerprint(x: torch.Tensor) -> bytes:
     its entry was computed from)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((tuple(x.shape), str(x.dtype))).encode())
-    h.update(x.detach().contiguous().numpy().tobytes())
+    h.update(x.detach().cpu().contiguous().numpy().tobytes())
     return h.digest()
 
 
@@ -172,7 +172,7 @@ class XPCache:
         tag = hashlib.blake2b(repr(key).encode(), digest_size=6).hexdigest()
         path = os.path.join(self.folder, f"{PREFIX}{os.getpid()}-{self._token}-{tag}.{self.dtype}")
         with open(path, "wb") as fh:
-            fh.write(q.contiguous().numpy().tobytes())
+            fh.write(q.detach().cpu().contiguous().numpy().tobytes())
         self._paths.append(path)
         self.disk[key] = (fp, path, tuple(q.shape))
         self.disk_bytes += q.numel() * q.element_size()

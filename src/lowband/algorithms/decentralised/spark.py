@@ -190,11 +190,11 @@ class Spark(KernelDFL):
     def init_node(self, ctx: NodeContext) -> State:
         """``v_i <- 0``; with coordinates ``theta_i <- 0`` (``w_i = w0``)."""
         st = super().init_node(ctx)
-        dim = self._projection(ctx).dim if self.coords else 0
-        if self.coords:
-            st["theta"] = torch.zeros(dim)
+        proj = self._projection(ctx) if self.coords else None
+        if proj is not None:
+            st["theta"] = torch.zeros(proj.dim, device=proj.device)
         if self.hp.momentum > 0:
-            st["v"] = torch.zeros(dim) if self.coords else {
+            st["v"] = torch.zeros(proj.dim, device=proj.device) if proj is not None else {
                 n: torch.zeros_like(st["params"][n]) for n in self._trainable(ctx)}
         return st
 

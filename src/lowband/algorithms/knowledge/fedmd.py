@@ -167,7 +167,7 @@ class FedMD(Algorithm):
         y = ctx.data.public_y
         if y is None or int(y.numel()) == 0:
             raise ValueError("fedmd needs a labelled public set at the server: set data.public_size (e.g. 2000)")
-        return {"labelled": torch.zeros(0, dtype=torch.int64)}
+        return {"labelled": torch.zeros(0, dtype=torch.int64, device=y.device)}
 
     def server_params(self, state: State):
         return None
@@ -193,8 +193,8 @@ class FedMD(Algorithm):
         if new:  # the public dataset's labels, once per client (FedMD's public set is labelled)
             out.broadcast(new, Message("public_labels", {"y": y.to(torch.int64)}))
         out.broadcast(ctx.participants, Message("align", {"idx": torch.from_numpy(idx).to(torch.int32)}))
-        labelled = torch.tensor(sorted(have | set(new)), dtype=torch.int64)
-        return {**state, "labelled": labelled, "align_idx": torch.from_numpy(idx)}, out
+        labelled = torch.tensor(sorted(have | set(new)), dtype=torch.int64, device=y.device)
+        return {**state, "labelled": labelled, "align_idx": torch.from_numpy(idx).to(y.device)}, out
 
     def server_consensus(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         if not inbox:

@@ -282,7 +282,7 @@ class KTA(Algorithm):
             if float(w[row].sum()) > 0:
                 out.send(i, Message("soft_labels", {"q": q[row]}))
         # diagnostics and the weights (in client-id order) stay on the server: measurement only
-        return {**state, "diag": diag, "weights": w, "weight_ids": torch.tensor(ids, dtype=torch.int64)}, out
+        return {**state, "diag": diag, "weights": w, "weight_ids": torch.tensor(ids, dtype=torch.int64, device=w.device)}, out
 
 
 __all__ = ["KTA", "KTAHP", "distill", "market", "require_public"]

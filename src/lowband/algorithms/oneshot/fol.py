@@ -138,8 +138,10 @@ def fit(net: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, vx: to
     """SGD epochs from ``params`` with early stopping on the validation split: returns the
     parameters of the epoch with the best validation (accuracy, -loss) (epochs >= 1), and
     stops after ``patience`` epochs without improvement. Without validation data, the last
-    epoch. One optimiser for the whole fit (momentum carries over epochs)."""
-    net.load_state_dict(params)
+    epoch. One optimiser for the whole fit (momentum carries over epochs). ``net`` is
+    moved to the data's device first (a model rebuilt from a received descriptor is made
+    on the CPU)."""
+    net.to(x.device).load_state_dict(params)
     n = int(y.shape[0])
     if epochs <= 0 or n == 0:
         return {k: v.detach().clone() for k, v in params.items()}, {"epochs": 0.0, "val_acc": float("nan")}
