@@ -321,6 +321,21 @@ def test_a_final_cell_pools_only_the_seeds_that_got_furthest() -> None:
     assert ours.endswith("(n=2 of 3)")
 
 
+def test_a_run_at_round_0_measures_nothing_yet() -> None:
+    """A run that has just started holds only its initial model's evaluation: a one-seed
+    cell shows "not measured yet", not the round-0 accuracy (a FedPAC run 10 s in showed
+    "9.20 | 0/100"), and its bytes-based cells no number either."""
+    from lowband.reproduce import Cell, RunData, seeds_value, value
+
+    d = RunData(Path("runs/x"), [{"round": 0, "personal/acc": 0.092, "bytes/total": 0}], [], 100, 0.8,
+                "personal/acc", 1, 0)
+    for metric in ("personal/acc", "rounds_to_target", "bytes_per_round", "comm_reduction"):
+        assert value(Cell("c", "t", "cfg", metric), d, d) == (None, "not measured yet (round 0 of 100)")
+    assert seeds_value(Cell("c", "t", "cfg", "personal/acc"), {0: d}, {})[0] == "not measured yet (round 0 of 100)"
+    one = RunData(Path("runs/x"), [*d.metrics, {"round": 1, "personal/acc": 0.31}], [], 100, 0.8, "personal/acc", 1, 0)
+    assert value(Cell("c", "t", "cfg", "personal/acc"), one, None) == (pytest.approx(31.0), "31.00")
+
+
 def test_collect_keeps_a_gone_seed_beside_the_seeds_on_disk(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 0's folder lost (a new machine), seeds 1 and 2 rerun: the cell is still the

@@ -439,8 +439,12 @@ def number_text(cell: Cell, v: float, *, mean: bool = False) -> str:
 
 
 def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[float], str]:
-    """(number, formatted) of ``cell`` from run ``d``."""
+    """(number, formatted) of ``cell`` from run ``d``. A run with no round done (only the
+    initial model's evaluation, e.g. one that has just started) measures nothing yet: its
+    round-0 accuracy must not read as a result."""
     m = cell.metric
+    if d.rounds_done < 1 and not m.startswith("time/"):
+        return None, f"not measured yet (round 0 of {d.rounds_planned})"
     if m == "rounds_to_target":
         if d.target is None:
             return None, "no target"
