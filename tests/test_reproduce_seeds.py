@@ -321,6 +321,34 @@ def test_a_final_cell_pools_only_the_seeds_that_got_furthest() -> None:
     assert ours.endswith("(n=2 of 3)")
 
 
+def test_a_seed_run_on_a_gpu_counts_as_gpu_hours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed made on a GPU (``device`` saved in its config.toml; a resume may change it, so
+    it is the same config) enters the mean like any seed, but its time is GPU-hours: the
+    *run* column and the compute line say so, and the CPU-hours leave it out."""
+    from lowband.cli import main
+    from lowband.reproduce import RunData
+
+    papers = _paper(tmp_path, seeds=[0, 1])
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy_table.md"
+    cpu_before = float(re.search(r"\*\*Compute: ([\d.e+-]+) CPU-hours", table.read_text()).group(1))
+    saved = tmp_path / "runs" / "toy" / "seed-1" / "config.toml"
+    saved.write_text(saved.read_text().replace('device = "cpu"', 'device = "cuda"'))
+    assert 'device = "cuda"' in saved.read_text()
+    assert main(args + ["--collect"]) == 0
+    text = table.read_text()
+    row = _row(table, "t/acc")
+    assert row[4].endswith("(n=2)") and "GPU-h for 1 run on a GPU)" in row[6], row
+    m = re.search(r"\*\*Compute: ([\d.e+-]+) CPU-hours\*\*.*1 runs on a GPU \(cuda\) add ([\d.e+-]+) GPU-hours", text)
+    assert m, text.splitlines()[2]
+    assert float(m.group(1)) < cpu_before and float(m.group(2)) > 0
+    d = RunData(Path("r"), [{"round": 1}], [{"round_s": 3600.0}], 1, None, "x", 4, 0, "cuda")
+    assert (d.cpu_hours, d.gpu_hours) == (0.0, 1.0)
+    assert RunData(Path("r"), [{"round": 1}], [{"round_s": 3600.0}], 1, None, "x", 4, 0).cpu_hours == 4.0
+
+
 def test_a_run_at_round_0_measures_nothing_yet() -> None:
     """A run that has just started holds only its initial model's evaluation: a one-seed
     cell shows "not measured yet", not the round-0 accuracy (a FedPAC run 10 s in showed

@@ -329,6 +329,13 @@ class RunData:
     main: str
     threads: Optional[int] = None
     seed: int = 0
+    #: the run's ``device`` as saved ("cpu" unless it ran on a GPU): its seconds are then
+    #: GPU-hours, not CPU-hours (a table must not count a GPU's time as a core's)
+    device: str = "cpu"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
 
     @property
     def rounds_done(self) -> int:
@@ -343,8 +350,14 @@ class RunData:
 
     @property
     def cpu_hours(self) -> float:
-        """:attr:`seconds` times the run's ``threads`` (1 where unset), in hours."""
-        return self.seconds * (self.threads or 1) / 3600
+        """:attr:`seconds` times the run's ``threads`` (1 where unset), in hours; 0 for a
+        run on a GPU (its time is :attr:`gpu_hours`)."""
+        return self.seconds * (self.threads or 1) / 3600 if self.on_cpu else 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        """Wall-clock hours of a run on a GPU (one device), 0 for a CPU run."""
+        return 0.0 if self.on_cpu else self.seconds / 3600
 
 
 def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
@@ -358,7 +371,7 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         print(f"  warning: {rd} was made by another config than today's ({stale}); left out of the table: "
               f"move it away and run the cell again", file=sys.stderr)
         return None
-    planned, threads, seed = exp.rounds, exp.threads, exp.seed
+    planned, threads, seed, device = exp.rounds, exp.threads, exp.seed, "cpu"
     saved = rd / "config.toml"
     if saved.exists():
         import tomllib
@@ -370,9 +383,10 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         planned = int(cfg.get("rounds", planned))
         threads = cfg.get("threads", threads)
         seed = int(cfg.get("seed", seed))
+        device = str(cfg.get("device", "cpu"))
     main = exp.eval.main or "consensus/acc"
     return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
-                   int(threads) if threads else None, seed)
+                   int(threads) if threads else None, seed, "cpu" if device == "cpu" else device)
 
 
 def _stale(exp: Any, rd: Path) -> Optional[str]:
@@ -579,7 +593,7 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData],
     return ours, texts
 
 
-_CPU_H = re.compile(r"`([^`]+)`[^`]*?\(([0-9.eE+-]+) CPU-h\)")
+_CPU_H = re.compile(r"`([^`]+)`[^`]*?\(([0-9.eE+-]+) CPU-h[);]")
 
 
 def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
@@ -591,8 +605,12 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
     made = {d.dir.resolve(): d for d in runs if d is not None}
     cpu_h = sum(d.cpu_hours for d in made.values())
     wall_h = sum(d.seconds for d in made.values()) / 3600
-    unset = sum(1 for d in made.values() if not d.threads)
+    unset = sum(1 for d in made.values() if not d.threads and d.on_cpu)
     note = f"; {unset} without `threads` counted as one core" if unset else ""
+    gpu = [d for d in made.values() if not d.on_cpu]
+    if gpu:
+        note += (f"; {len(gpu)} runs on a GPU ({', '.join(sorted({d.device for d in gpu}))}) add "
+                 f"{sum(d.gpu_hours for d in gpu):.3g} GPU-hours, not counted as CPU-hours")
     line = (f"**Compute: {cpu_h:.3g} CPU-hours** ({wall_h:.3g} h wall-clock) in the {len(made)} runs made of "
             f"{len(runs) if configs is None else configs} configs: the sum of each run's per-round training and "
             f"evaluation times (timing.jsonl) times its `threads`{note}.")
@@ -720,7 +738,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 every = sorted({*runs, *held})
                 seeds = "" if len(every) == 1 else f" seeds {', '.join(str(s) for s in every)}"
                 cpu_h = sum(d.cpu_hours for d in runs.values())
-                where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h)"
+                gpu_h = sum(d.gpu_hours for d in runs.values())
+                on_gpu = sum(not d.on_cpu for d in runs.values())
+                where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h" + (
+                    f"; {gpu_h:.3g} GPU-h for {on_gpu} run{'s' if on_gpu > 1 else ''} on a GPU)" if on_gpu else ")")
                 if held:
                     names = ", ".join(str(s) for s in held)
                     where += f" (seed {names} kept from the previous table: run folder not found)"
@@ -736,7 +757,7 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
              f"experiments/{paper}/reproduce.toml; *rounds* is the number of rounds the value comes from "
              f"(of the config's planned rounds); an empty *ours* means the run has not been made. Where a "
              f"config has several seed runs, *ours* is mean ± std over them (n seeds) and each seed's value is "
-             f"listed under the table; *run* gives each cell's CPU-hours. \"unlearned: best X at rN\" marks a "
+             f"listed under the table; *run* gives each cell's CPU-hours (and the GPU-hours of runs made on a GPU). \"unlearned: best X at rN\" marks a "
              f"run whose accuracy is, at the cell's round, more than {100 * DECAY_DROP:g} points under what it "
              f"reached (the median of its last {DECAY_WINDOW} evaluations against the best such median: the "
              f"run-time warning's rule): *ours* is still the value at the cell's round.", "",
