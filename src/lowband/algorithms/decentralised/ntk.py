@@ -394,6 +394,8 @@ class Projection:
     layout: Layout = "sum"
     cols: dict[str, tuple[int, int]] = field(default_factory=dict)
     dim: int = 0
+    #: where the blocks live and where coordinates start (:meth:`to`); built on the CPU
+    on: str = "cpu"
 
     @staticmethod
     def groups(names: Sequence[str], layout: Layout) -> list[list[str]]:
@@ -455,12 +457,9 @@ class Projection:
 
     @property
     def device(self) -> torch.device:
-        """Where the blocks live (the CPU for a projection of identity blocks only)."""
-        for blk in self.blocks.values():
-            for t in blk[1:]:
-                if isinstance(t, torch.Tensor):
-                    return t.device
-        return torch.device("cpu")
+        """Where the blocks live, and where a node's coordinates are made (also for a
+        projection of identity blocks only, which holds no tensor)."""
+        return torch.device(self.on)
 
     def to(self, device: torch.device) -> "Projection":
         """This projection with its blocks on ``device`` (drawn on the CPU from the addressed
@@ -469,7 +468,7 @@ class Projection:
             return self
         blocks = {n: (blk[0], *(t.to(device) if isinstance(t, torch.Tensor) else t for t in blk[1:]))
                   for n, blk in self.blocks.items()}
-        return replace(self, blocks=blocks, cols=dict(self.cols))
+        return replace(self, blocks=blocks, cols=dict(self.cols), on=str(torch.device(device)))
 
     # -- P theta and P^T g ------------------------------------------------------------
     def _sl(self, n: str) -> slice:
