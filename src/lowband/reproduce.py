@@ -335,7 +335,9 @@ class RunData:
 
     @property
     def on_cpu(self) -> bool:
-        return self.device == "cpu"
+        """Not on a GPU by its saved spec; ``"auto"`` counts as the CPU (the spec, not the
+        device it resolved to, is saved)."""
+        return not self.device.lower().startswith(("cuda", "mps"))
 
     @property
     def rounds_done(self) -> int:
@@ -386,7 +388,7 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         device = str(cfg.get("device", "cpu"))
     main = exp.eval.main or "consensus/acc"
     return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
-                   int(threads) if threads else None, seed, "cpu" if device == "cpu" else device)
+                   int(threads) if threads else None, seed, device)
 
 
 def _stale(exp: Any, rd: Path) -> Optional[str]:
