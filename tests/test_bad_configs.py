@@ -171,6 +171,9 @@ CASES: list[tuple[str, Make, list[str]]] = [
     ("out_dir holds someone's files",
      _with(_over(), lambda tmp: ((tmp / "x").mkdir(), (tmp / "x" / "config.toml").write_text("# mine\n"))),
      ["not empty", "holds no lowband run"]),
+    ("out_dir holds only seed runs (a seed started before the config's own)",
+     _with(_over("seed=3"), lambda tmp: (tmp / "x" / "seed-1").mkdir(parents=True)),
+     ["holds only seed runs", "seed-1", "/x/seed-3"]),
 ]
 CASES[[c[0] for c in CASES].index("out_dir under a file")] = (
     "out_dir under a file",

@@ -256,3 +256,27 @@ def test_collect_leaves_out_a_run_made_under_another_default(
     assert "| not run |" in row()
     err = capsys.readouterr().err
     assert "made by another config" in err and "algorithm.lr" in err
+
+
+def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A torn or hand-broken config.toml in a run folder says nothing about which config made
+    the run: the table must not count it as today's config's run (nor blame another config)
+    and says what is wrong with the file."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
+    assert main(args[:-1]) == 0
+    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
+                       if line.startswith("| t/acc |"))
+    assert "`runs/toy`" in row()
+    saved = tmp_path / "runs" / "toy" / "config.toml"
+    saved.write_text(saved.read_text()[: len(saved.read_text()) // 2] + "\n[[[\n")
+    (tmp_path / "out" / "toy.md").unlink()
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "| not run |" in row()
+    err = capsys.readouterr().err
+    assert "config.toml cannot be read (TOMLDecodeError" in err and "another config" not in err

@@ -368,6 +368,12 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     metrics = _jsonl(rd / "metrics.jsonl")
     if not metrics:
         return None
+    unreadable = _unreadable_config(rd)
+    if unreadable:
+        print(f"  warning: {rd / 'config.toml'} cannot be read ({unreadable}), so which config made this run "
+              f"cannot be told; left out of the table: restore the file or move the folder away and run the "
+              f"cell again", file=sys.stderr)
+        return None
     stale = _stale(exp, rd)
     if stale:
         print(f"  warning: {rd} was made by another config than today's ({stale}); left out of the table: "
@@ -389,6 +395,23 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     main = exp.eval.main or "consensus/acc"
     return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
                    int(threads) if threads else None, seed, device)
+
+
+def _unreadable_config(rd: Path) -> Optional[str]:
+    """Why ``rd``'s saved config.toml cannot be read (None: it can, or there is none): a
+    torn or hand-edited file must not pass as a run of today's config (nothing could be
+    compared) nor as one of another config (nothing says so)."""
+    import tomllib
+
+    path = rd / "config.toml"
+    if not path.exists():
+        return None
+    try:
+        tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return None
 
 
 def _stale(exp: Any, rd: Path) -> Optional[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -251,6 +252,12 @@ class RunLog:
             # data.npz: the arrays a Python API run keeps beside its results (lowband.api.run)
             names = sorted(p.name for p in d.iterdir())
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            if all(re.fullmatch(r"seed-\d+", p.name) and p.is_dir() for p in d.iterdir()):
+                # the seed layout (lowband reproduce, --seeds): seed N lives in d/seed-N, and a seed
+                # started by hand before the config's own seed leaves d holding only seed folders
+                raise RunDirError(f"run folder {d} holds only seed runs ({shown}), so this seed goes beside "
+                                  f"them: add out_dir={d}/seed-{exp.seed} (what lowband reproduce does when "
+                                  f"a config's folder holds seed folders and no run of its own)")
             raise RunDirError(f"run folder {d} is not empty and holds no lowband run ({shown}); lowband writes "
                               f"only into a new or empty folder, never over your files: choose another out_dir "
                               f"(or --out)")
