@@ -302,6 +302,22 @@ def test_resume_refuses_a_run_started_under_another_default(capsys, tmp_path: Pa
     assert json.loads((a / "hyperparams.json").read_text())["mu"] == saved["mu"]
 
 
+def test_resume_does_not_care_how_the_config_named_the_folder(capsys, tmp_path: Path, monkeypatch) -> None:
+    """A run started with ``out_dir=R`` (R the config's default folder, as results pages'
+    commands write it) and resumed without it (as ``lowband reproduce`` does) is one run:
+    the folder is the run's identity, not the key that named it."""
+    from lowband.config import load_experiment
+
+    monkeypatch.chdir(tmp_path)
+    cfg = digits_config(tmp_path, "fedavg", rounds=2)
+    cfg.pop("out_dir")
+    p = write_config(tmp_path / "exp.toml", cfg)
+    default = load_experiment(str(p), []).run_dir()
+    assert cli(capsys, "run", p, "rounds=1", f"out_dir={default}", "--quiet")[0] == 0
+    assert cli(capsys, "run", p, "rounds=2", "--resume", "--quiet")[0] == 0
+    assert json.loads((default / "summary.json").read_text())["rounds_completed"] == 2
+
+
 def test_resume_extends_a_run_to_the_identical_result(capsys, tmp_path: Path) -> None:
     p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedprox", rounds=3))
     a, b = tmp_path / "a", tmp_path / "b"

@@ -208,8 +208,118 @@ def test_unknown_top_level_key_and_bad_cli_seeds(tmp_path: Path, monkeypatch: py
     assert "range 2-1 runs backwards" in capsys.readouterr().err
     assert main(["reproduce", "toy", "--experiments", str(papers), "--seeds", "0,3", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "would run papers/toy/dfedavg.toml seed 0\n" in out and "seed 3 -> runs/toy/seed-3" in out
+    assert "would run     papers/toy/dfedavg.toml seed 0 -> runs/toy (" in out
+    assert "would run     papers/toy/dfedavg.toml seed 3 -> runs/toy/seed-3 (" in out
     assert not (tmp_path / "runs").exists()
+
+
+def _timed(run: Path) -> tuple[float, int]:
+    """(training + evaluation seconds, rounds) that ``run``'s timing.jsonl logs."""
+    timing = RunLog.read_jsonl(run / "timing.jsonl")
+    return sum(t["round_s"] + t["eval_s"] for t in timing), len(timing)
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """(mtime, size) of everything under ``root``, folders included."""
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
+
+
+def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``--dry-run`` says, per seed run: ``reuse`` a complete run, ``resume`` a partial one
+    (rounds done/planned, CPU-hours left timed on its own rounds), ``restart`` one killed
+    before its first checkpoint (every round again), ``run`` a missing seed (timed on the
+    other seeds of its config), ``skip`` a folder made under another default (not timed on);
+    then the count of each and the total. It writes nothing, and a real run then does what
+    it said."""
+    import json
+
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1, 2, 3, 4, 5], rounds=4)
+    monkeypatch.chdir(tmp_path)
+    cfg = str(papers / "toy" / "dfedavg.toml")
+    assert main(["run", cfg, "--quiet"]) == 0  # seed 0: complete
+    for s, rounds in ((1, 2), (3, 2), (4, 1), (5, 4)):  # seed 2: never run
+        assert main(["run", cfg, f"seed={s}", f"out_dir=runs/toy/seed-{s}", f"rounds={rounds}", "--quiet"]) == 0
+    root = tmp_path / "runs" / "toy"
+    for name in ("checkpoint.pt", "summary.json"):  # seed 3: killed before its first checkpoint
+        (root / "seed-3" / name).unlink()
+    for s in (4, 5):  # made under another default: seed 4 partly, seed 5 to the end
+        hp = root / f"seed-{s}" / "hyperparams.json"
+        saved = json.loads(hp.read_text())
+        saved["lr"] *= 2
+        hp.write_text(json.dumps(saved))
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    before = _files(tmp_path)
+    capsys.readouterr()
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert _files(tmp_path) == before  # a dry run writes nothing
+    line = {s: next(x for x in out if f"/dfedavg.toml seed {s} -> " in x) for s in range(6)}
+    hours = {}
+
+    def cost(s: int, pattern: str) -> float:
+        m = re.fullmatch(r"  would " + pattern + r"about (\S+) CPU-h left(, timed on seeds 0, 1, 3)?\)", line[s])
+        assert m, line[s]
+        hours[s] = float(m.group(1))
+        return hours[s]
+
+    assert line[0] == "  would reuse   papers/toy/dfedavg.toml seed 0 -> runs/toy (4/4 rounds)"
+    seconds, rounds = _timed(root / "seed-1")  # threads = 1: CPU-seconds
+    left = cost(1, r"resume  papers/toy/dfedavg\.toml seed 1 -> runs/toy/seed-1 \(2/4 rounds; ")
+    assert left > 0 and left == pytest.approx(2 * seconds / rounds / 3600, rel=0.06)
+    seconds, rounds = _timed(root / "seed-3")
+    left = cost(3, r"restart papers/toy/dfedavg\.toml seed 3 -> runs/toy/seed-3 \(2/4 rounds, none checkpointed: "
+                   r"from round 0; ")
+    assert left > 0 and left == pytest.approx(4 * seconds / rounds / 3600, rel=0.06)
+    timed = [_timed(root / f) for f in ("", "seed-1", "seed-3")]  # not seed 4: another config's
+    left = cost(2, r"run     papers/toy/dfedavg\.toml seed 2 -> runs/toy/seed-2 \(4 rounds; ")
+    assert "timed on seeds 0, 1, 3" in line[2]
+    assert left > 0 and left == pytest.approx(4 * sum(t[0] for t in timed) / sum(t[1] for t in timed) / 3600, rel=0.06)
+    assert line[4].startswith("  would skip    papers/toy/dfedavg.toml seed 4 -> runs/toy/seed-4: --resume: ")
+    assert "algorithm.lr" in line[4]
+    # a finished run of another config is not reused as this one's (the table would leave it out)
+    assert line[5].startswith("  would skip    papers/toy/dfedavg.toml seed 5 -> runs/toy/seed-5: ")
+    assert "holds a finished run of another config" in line[5] and "algorithm.lr" in line[5]
+    m = re.fullmatch(r"would run 1, resume 1, restart 1, reuse 1, skip 2: about (\S+) CPU-h still needed by the 3 "
+                     r"runs with an estimate", out[-1])
+    assert m, out[-1]
+    assert float(m.group(1)) == pytest.approx(sum(hours.values()), rel=0.06)
+    # a real run does what the dry run said
+    assert main(args) == 0
+    real = capsys.readouterr()
+    for s, action in ((0, "reuse"), (1, "resume"), (2, "run"), (3, "restart")):
+        assert f"  {action:<7} papers/toy/dfedavg.toml seed {s} -> " in real.out, (s, action)
+    assert "  skip    papers/toy/dfedavg.toml seed 4: --resume: " in real.err
+    assert "  skip    papers/toy/dfedavg.toml seed 5: " in real.err
+    assert "seed 4 -> " not in real.out and "seed 5 -> " not in real.out  # refused before it said it would run
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "would run 0, resume 0, restart 0, reuse 4, skip 2: about 0 CPU-h still needed by the 0 runs " \
+                      "with an estimate"
+
+
+def test_a_dry_run_times_a_run_only_on_runs_made_on_its_kind_of_device(tmp_path: Path) -> None:
+    """A run on a GPU is estimated in GPU-hours from GPU runs; a CPU run is not timed on a
+    GPU's rounds (nor a GPU run on a core's): it says so instead of guessing."""
+    from lowband.config import validate
+    from lowband.reproduce import Planned, RunData, dry_run_line, estimate
+
+    cpu = validate(digits_config(tmp_path, "dfedavg", rounds=10))
+    gpu = validate({**digits_config(tmp_path, "dfedavg", rounds=10), "device": "cuda"})
+    timing = [{"round": r, "round_s": 1800.0, "eval_s": 0.0} for r in (1, 2)]
+    on_gpu = {1: RunData(Path("r/seed-1"), [{"round": 2}], timing, 10, None, "x", 4, 1, "cuda")}
+    est = estimate(Planned("run", gpu, Path("r/seed-2")), on_gpu)
+    assert (est.hours, est.gpu, est.note) == (5.0, True, "timed on seed 1")  # 10 rounds of half an hour
+    assert dry_run_line(Planned("run", gpu, Path("r/seed-2")), "c seed 2", est) == \
+        "  would run     c seed 2 -> r/seed-2 (10 rounds; about 5 GPU-h left, timed on seed 1)"
+    est = estimate(Planned("run", cpu, Path("r/seed-2")), on_gpu)
+    assert est.hours is None and est.note == "this config has run here only on a GPU"
+    on_cpu = {1: RunData(Path("r/seed-1"), [{"round": 2}], timing, 10, None, "x", 4, 1)}
+    est = estimate(Planned("resume", cpu, Path("r/seed-1"), done=2), on_cpu)
+    assert (est.hours, est.gpu, est.note) == (16.0, False, "")  # 8 rounds x 0.5 h x 4 threads
+    assert estimate(Planned("run", cpu, Path("r/seed-2")), {}).note == "nothing of this config has run here"
 
 
 HEADLINE = {

@@ -42,7 +42,10 @@ reused, an interrupted one is resumed from its checkpoint (or restarted from rou
 it was killed before its first checkpoint; each seed likewise), and ``--rounds N``
 shortens (or extends) runs;
 the table says how many rounds each number comes from. ``--collect`` only tabulates what
-exists. The table goes to ``--out`` (a folder, or a ``.md`` file; default
+exists. ``--dry-run`` runs and writes nothing: for every run it says what a real run would do
+with its folder (:func:`run_action`, which :func:`run_config` acts on) and the CPU-hours it
+still needs, timed on the folder's own rounds or on the config's other seed runs
+(:func:`estimate`), then the totals. The table goes to ``--out`` (a folder, or a ``.md`` file; default
 ``results/PAPER_table.md``; nothing is written under ``docs/`` unless ``--out`` says so)
 and its header states the compute its runs took (including the compute recorded for
 cells kept from the previous table).
@@ -59,9 +62,9 @@ import time
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
-from lowband.config import ConfigError, load_experiment, load_toml
+from lowband.config import ConfigError, Experiment, load_experiment, load_toml
 from lowband.engine.checks import DECAY_DROP, DECAY_WINDOW, DecayWatch
 
 UNITS = ("%", "GB", "MB", "rounds", "s", "")
@@ -265,42 +268,91 @@ def run_plan(cells: list[Cell], overrides: Optional[list[str]] = None) -> list[t
     return list(out.values())
 
 
+#: what ``lowband reproduce`` does with one run folder (:func:`run_action`)
+Action = Literal["reuse", "resume", "restart", "run", "skip"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One (config, seed) run as :func:`run_action` found it: what would be done
+    (``action``), the experiment and its run folder, the rounds the folder has completed
+    (``done``: summary.json's for ``reuse``, the last round logged otherwise, 0 for a new
+    folder) and, for ``skip``, why (the refusal a real run would print)."""
+
+    action: Action
+    exp: Experiment
+    dir: Path
+    done: int = 0
+    reason: str = ""
+
+
+def run_action(config: str, overrides: list[str], seed: Optional[int] = None) -> Planned:
+    """Decide what :func:`run_config` does with ``config`` (with ``seed``: in that seed's
+    folder, see :func:`seed_overrides`), reading the run folder and writing nothing, so a
+    dry run and a real run cannot disagree: ``reuse`` a finished run (summary.json with
+    enough rounds), ``resume`` one with a checkpoint, ``restart`` one with a config.toml
+    and no checkpoint (killed before its first one: it runs again from round 0), ``run`` a
+    new one, and ``skip`` a folder lowband would refuse (a run of another config, files it
+    did not write): :meth:`RunLog.check`, the check a run makes before it writes."""
+    from lowband.engine.runlog import RunDirError, RunLog
+
+    exp = load_experiment(config, seed_overrides(config, overrides, seed))
+    rd = exp.run_dir()
+    done = (_read_json(rd / "summary.json") or {}).get("rounds_completed")
+    if done is not None and done >= exp.rounds:
+        # a finished run of another config must not pass as this one's: the table would leave
+        # it out, and the cell would never be run
+        why = _unreadable_config(rd) or _stale(exp, rd)
+        if why:
+            return Planned("skip", exp, rd, int(done), reason=f"{rd} holds a finished run of another config "
+                                                              f"({why}); move it away to run this one")
+        return Planned("reuse", exp, rd, int(done))
+    started = (rd / "config.toml").exists()
+    try:
+        log = RunLog.check(exp, resume=started)
+    except RunDirError as exc:
+        return Planned("skip", exp, rd, reason=str(exc))
+    if not started:
+        return Planned("run", exp, rd)
+    # (restart: killed before its first checkpoint, or run without checkpoints)
+    return Planned("resume" if log.ckpt_path.exists() else "restart", exp, rd, log.completed_rounds())
+
+
+def run_name(config: str, seed: Optional[int]) -> str:
+    """How a run is named in the progress lines: the config (see :func:`short`) and its seed."""
+    return short(config) + ("" if seed is None else f" seed {seed}")
+
+
 def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None) -> Optional[str]:
     """Run, resume or reuse one config (with ``seed``: in that seed's folder, see
-    :func:`seed_overrides`); returns its run folder (None when it was skipped).
+    :func:`seed_overrides`), as :func:`run_action` decides; returns its run folder (None
+    when it was skipped).
 
     A finished run (``summary.json`` with enough rounds) is reused; one with a checkpoint
     resumes from it (``--rounds`` may extend it); one killed before its first checkpoint
     restarts from round 0 in the same folder (the rounds it had logged are deterministic
     and come out identical). A folder saved with another config is left alone (skipped,
-    with the reason on stderr)."""
+    with the reason on stderr), before any data is loaded."""
     from lowband.engine.runlog import RunDirError
     from lowband.engine.simulator import Simulation
 
-    exp = load_experiment(config, seed_overrides(config, overrides, seed))
-    rd = exp.run_dir()
-    summary = _read_json(rd / "summary.json")
-    done = (summary or {}).get("rounds_completed")
-    name = short(config) + ("" if seed is None else f" seed {seed}")
-    if done is not None and done >= exp.rounds:
-        print(f"  reuse   {name} -> {rd} ({done} rounds)")
-        return str(rd)
-    started = (rd / "config.toml").exists()
-    if (rd / "checkpoint.pt").exists():
-        what = "resume "
-    elif started:
-        what = "restart"  # killed before its first checkpoint (or run without checkpoints)
-    else:
-        what = "run    "
-    print(f"  {what} {name} -> {rd} ({exp.rounds} rounds)", flush=True)
+    plan = run_action(config, overrides, seed)
+    name = run_name(config, seed)
+    if plan.action == "reuse":
+        print(f"  reuse   {name} -> {plan.dir} ({plan.done} rounds)")
+        return str(plan.dir)
+    if plan.action == "skip":
+        print(f"  skip    {name}: {plan.reason}", file=sys.stderr, flush=True)
+        return None
+    print(f"  {plan.action:<7} {name} -> {plan.dir} ({plan.exp.rounds} rounds)", flush=True)
     t0 = time.perf_counter()
     try:
-        Simulation(exp, resume=started).run()
-    except RunDirError as exc:
+        Simulation(plan.exp, resume=plan.action != "run").run()
+    except RunDirError as exc:  # what only opening the folder tells (an unreadable checkpoint)
         print(f"  skip    {name}: {exc}", file=sys.stderr, flush=True)
         return None
     print(f"  done    {name} in {time.perf_counter() - t0:.0f} s", flush=True)
-    return str(rd)
+    return str(plan.dir)
 
 
 # --------------------------------------------------------------------------- collecting
@@ -319,6 +371,13 @@ def _jsonl(path: Path) -> list[dict]:
     return RunLog.read_jsonl(path)
 
 
+def on_cpu(device: str) -> bool:
+    """Whether a ``device`` spec is the CPU's, whose seconds count as CPU-hours (a GPU's
+    count as GPU-hours); ``"auto"`` counts as the CPU (the spec, not the device it resolved
+    to, is saved)."""
+    return not device.lower().startswith(("cuda", "mps"))
+
+
 @dataclass
 class RunData:
     dir: Path
@@ -335,9 +394,8 @@ class RunData:
 
     @property
     def on_cpu(self) -> bool:
-        """Not on a GPU by its saved spec; ``"auto"`` counts as the CPU (the spec, not the
-        device it resolved to, is saved)."""
-        return not self.device.lower().startswith(("cuda", "mps"))
+        """Not on a GPU by its saved spec (:func:`on_cpu`)."""
+        return on_cpu(self.device)
 
     @property
     def rounds_done(self) -> int:
@@ -790,6 +848,117 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- dry run
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The hours a planned run still needs: its rounds to go times the mean per-round time
+    (training + evaluation, as :attr:`RunData.seconds` counts them) of the runs it is timed
+    on, times their ``threads``: CPU-hours, or GPU-hours (``gpu``) for a run on a GPU.
+    ``hours`` None: nothing to time it on (``note`` says why); else ``note`` names the
+    other seeds it was timed on ("" for its own rounds), and ``one_core`` says that a run
+    timed had no ``threads`` set and counts as one core (as in the table's compute line)."""
+
+    hours: Optional[float]
+    gpu: bool
+    note: str = ""
+    one_core: bool = False
+
+
+def rounds_to_go(plan: Planned) -> int:
+    """The rounds ``plan`` still runs: a resume continues after its logged rounds; a
+    restart (no checkpoint) and a new run run them all."""
+    if plan.action in ("reuse", "skip"):
+        return 0
+    return max(plan.exp.rounds - plan.done, 0) if plan.action == "resume" else plan.exp.rounds
+
+
+def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
+    """What ``plan`` still costs (:class:`Estimate`), timed on its own folder's logged
+    rounds (a resume or restart), else on the other seed runs of its config (``runs``, from
+    :func:`seed_data`), counting only runs made on the kind of device ``plan`` runs on: a
+    GPU's rounds say nothing of a core's."""
+    gpu = not on_cpu(plan.exp.device)
+    here = plan.dir.resolve()
+    own = [d for d in runs.values() if d.dir.resolve() == here]
+    others = [d for d in runs.values() if d.dir.resolve() != here]
+    for timed in (own, others):
+        timed = [d for d in timed if d.timing and d.on_cpu != gpu]
+        if not timed:
+            continue
+        per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
+        seeds = sorted(d.seed for d in timed)
+        note = "" if timed[0].dir.resolve() == here else \
+            f"timed on seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)}"
+        return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
+    if any(d.timing for d in runs.values()):
+        return Estimate(None, gpu, f"this config has run here only on {'the CPU' if gpu else 'a GPU'}")
+    return Estimate(None, gpu, "nothing of this config has run here")
+
+
+def _hours(h: float) -> str:
+    """Hours as an estimate is worth: two significant digits, whole hours from 100."""
+    return f"{h:.2g}" if h < 100 else f"{h:.0f}"
+
+
+def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
+    """One ``--dry-run`` line: ``would ACTION NAME -> FOLDER (done/planned rounds; cost)``
+    (``est``: see :func:`estimate`; a skip gives its reason instead)."""
+    head = f"  would {plan.action:<7} {name} -> {plan.dir}"
+    if plan.action == "skip":
+        return f"{head}: {plan.reason}"
+    planned = plan.exp.rounds
+    if plan.action == "reuse":
+        return f"{head} ({plan.done}/{planned} rounds)"
+    rounds = f"{planned} rounds" if plan.action == "run" else f"{plan.done}/{planned} rounds"
+    if plan.action == "restart":
+        rounds += ", none checkpointed: from round 0"
+    if est is None or est.hours is None:
+        cost = "no estimate" + (f": {est.note}" if est else "")
+    else:
+        cost = f"about {_hours(est.hours)} {'GPU' if est.gpu else 'CPU'}-h left" + (f", {est.note}" if est.note else "")
+    return f"{head} ({rounds}; {cost})"
+
+
+def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str]) -> list[str]:
+    """The lines ``--dry-run`` prints: for each planned (config, seed), what a real run would
+    do with it (:func:`run_action`, the decision :func:`run_config` acts on), its rounds and
+    the hours it still needs (:func:`estimate`); then one line with the count of each action
+    and the total estimate. Reads the run folders, writes nothing."""
+    cache: dict[str, dict[int, RunData]] = {}
+    counts: dict[str, int] = dict.fromkeys(get_args(Action), 0)
+    cpu_h = gpu_h = 0.0
+    unknown = one_core = 0
+    lines = []
+    for cfg, seed in plan:
+        p = run_action(cfg, overrides, seed)
+        counts[p.action] += 1
+        est = None
+        if p.action in ("run", "resume", "restart"):
+            if cfg not in cache:
+                cache[cfg] = seed_data(cfg, overrides)
+            est = estimate(p, cache[cfg])
+            if est.hours is None:
+                unknown += 1
+            elif est.gpu:
+                gpu_h += est.hours
+            else:
+                cpu_h += est.hours
+                one_core += est.one_core
+        lines.append(dry_run_line(p, run_name(cfg, seed), est))
+    to_make = counts["run"] + counts["resume"] + counts["restart"]
+    total = (f"would run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
+             f"reuse {counts['reuse']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h still needed")
+    if gpu_h:
+        total += f" and {_hours(gpu_h)} GPU-h on a GPU (not counted as CPU-h)"
+    total += f" by the {to_make - unknown} runs with an estimate"
+    if one_core:
+        total += f" ({one_core} timed on runs without `threads`, counted as one core)"
+    total += f"; {unknown} of the {to_make} runs to make {'has' if unknown == 1 else 'have'} none" if unknown else ""
+    return [*lines, total]
+
+
 # --------------------------------------------------------------------------- command
 
 
@@ -816,12 +985,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
           + (f" ({len(plan)} runs with the seeds)" if extra else "")
           + f" ({where / args.paper / 'reproduce.toml'})")
     if args.dry_run:
-        for cfg, seed in plan:
-            if seed is None or not seed_overrides(cfg, overrides, seed)[len(overrides):]:
-                print(f"  would run {short(cfg)}" + ("" if seed is None else f" seed {seed}"))
-            else:
-                rd = load_experiment(cfg, seed_overrides(cfg, overrides, seed)).run_dir()
-                print(f"  would run {short(cfg)} seed {seed} -> {rd}")
+        print("\n".join(dry_run(plan, overrides)))
         return 0
     skipped = 0
     if not args.collect:
@@ -852,7 +1016,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, help="torch threads per run")
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
     p.add_argument("--collect", action="store_true", help="run nothing; tabulate the runs that exist")
-    p.add_argument("--dry-run", action="store_true", help="list the configs that would run")
+    p.add_argument("--dry-run", action="store_true", help="run nothing; say what each run would do (run, resume, "
+                                                          "restart, reuse or skip), its rounds and the CPU-hours left")
     p.add_argument("--out", help="folder for PAPER_table.md, or a .md file (default results/; "
                                  "e.g. --out docs/results to update a checkout's results pages)")
     p.add_argument("--experiments", help="folder of papers to use instead of ./experiments and the shipped copy")

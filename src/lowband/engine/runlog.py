@@ -100,7 +100,10 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
     """The saved config without the keys a resume may change: ``rounds`` and where the
     rounds execute (``executor``, ``ray_*``), which changes no number (tested in
     tests/test_ray.py), the ``device`` (a run saved on a GPU continues on the CPU and back;
-    floating-point results may differ between devices) and the extra outputs (``log``).
+    floating-point results may differ between devices), the extra outputs (``log``) and
+    ``out_dir`` (the folder compared *is* the run's folder, however a config names it: a run
+    made with ``out_dir=R`` and the same config run without it into its default folder ``R``
+    are one run).
     ``[algorithm]`` compares as the hyperparameters resolved (defaults included):
     ``hyperparams`` (what a run saved in :data:`HYPERPARAMS_NAME`), else today's defaults."""
     import tomllib
@@ -115,7 +118,7 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
             json.dumps(resolved_hyperparams(exp)))
     except Exception:  # noqa: BLE001 - a config the current schema rejects compares as saved
         pass
-    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log"):
+    for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log", "out_dir"):
         d.pop(key, None)
     if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
         d["engine"].pop("workers", None)
