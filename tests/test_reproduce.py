@@ -283,3 +283,178 @@ def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
     assert "| not run |" in row()
     err = capsys.readouterr().err
     assert "config.toml cannot be read (TOMLDecodeError" in err and "another config" not in err
+
+
+# --------------------------------------------------------------------------- damaged run folders
+
+
+def _collected(papers: Path, capsys: pytest.CaptureFixture, *extra: str) -> tuple[dict[str, list[str]], str]:
+    """``reproduce toy --collect`` into a new table (nothing kept from an earlier one): its rows
+    (cell id -> columns), the compute line last under ``"compute"``, and what went to stderr."""
+    from lowband.cli import main
+
+    out = Path("out") / "fresh.md"
+    out.unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", str(out), "--collect", *extra]) == 0
+    lines = out.read_text().splitlines()
+    rows = {c[0]: c for c in ([x.strip() for x in line.strip().strip("|").split("|")]
+                              for line in lines if line.startswith("| t/"))}
+    rows["compute"] = [next(line for line in lines if line.startswith("**Compute"))]
+    return rows, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, error", [
+    ('{"round": 0, "a": 1}\ngarbage\n{"round": 1, "a": 2}\n', "line 2 is not JSON"),
+    ('{"round": 0, "a": 1}\n{"round": 1, "a": 2}\n{"round": 2, "a"\n', "line 3 is not JSON"),  # newline: not torn
+    ('{"round": 0, "a": 1}\n[1, 2]\n', "line 2: not an object with an integer 'round'"),
+    ('{"round": 0, "a": 1}\nnull\n', "line 2: not an object with an integer 'round'"),
+    ('{"a": 1}\n', "line 1: not an object with an integer 'round'"),
+    ('{"round": "1", "a": 1}\n', "line 1: not an object with an integer 'round'"),
+    ('{"round": 1, "a": "0.5"}\n', "line 1: a is '0.5', not a number"),
+    ('{"round": 1, "a": true}\n', "line 1: a is True, not a number"),
+    ('{"round": 1, "a": 0.5}\n{"round": 1, "a": 0.9}\n', "round 1 is logged twice with different values (line 2)"),
+    ('{"round": 2, "a": 0.5}\n{"round": 1, "a": 0.9}\n', "round 1 comes after round 2 (line 2)"),
+])
+def test_a_damaged_run_log_is_refused_with_the_line(tmp_path: Path, text: str, error: str) -> None:
+    """A bad line before the end (or a value that is not a number, a round logged twice
+    with other values) used to make the run read as a shorter one (a line that is not JSON
+    ended the read there), crash the table (a line that is not an object, no round, a
+    string where a number is compared) or pass as a number (``"0.5"``): now it is an error
+    naming the line, which :func:`run_data_at` turns into a warning."""
+    from lowband.reproduce import _jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        _jsonl(path)
+    assert str(err.value) == error
+
+
+def test_a_run_log_reads_a_torn_last_line_repeated_rounds_and_non_finite_values(tmp_path: Path) -> None:
+    """What a kill or a resume can leave is read as lowband means it: a torn last line (no
+    newline after it) is a write cut short and left out; a round logged again with the same
+    values counts once; ``NaN``/``Infinity`` (older files) are null, as lowband writes them now."""
+    from lowband.reproduce import _jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"round": 0, "a": 0.1}\n{"round": 1, "a": 0.2}\n{"round": 2, "a": 0.')
+    assert _jsonl(path) == [{"round": 0, "a": 0.1}, {"round": 1, "a": 0.2}]
+    path.write_text('{"round": 0, "a": 0.1}\n{"round": 1, "a": 0.2}\n{"round": 1, "a": 0.2}\n{"round": 2, "a": 0.3}\n')
+    assert [r["round"] for r in _jsonl(path)] == [0, 1, 2]
+    path.write_text('{"round": 1, "a": NaN, "b": Infinity, "c": -Infinity, "d": null}\n')
+    assert _jsonl(path) == [{"round": 1, "a": None, "b": None, "c": None, "d": None}]
+    assert _jsonl(tmp_path / "absent.jsonl") == []
+
+
+def test_collect_leaves_out_a_run_whose_metrics_are_damaged_or_lost_rounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A metrics.jsonl with a bad line in the middle read as a run stopped before it (its
+    earlier round's value shown as the cell's), and one that lost its end while summary.json
+    says the run finished read as a run still under way: both are left out, named, on
+    stderr. A torn last line of a run with no summary (killed mid-write) is read without it."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
+    rd = tmp_path / "runs" / "toy"
+    metrics, summary = (rd / "metrics.jsonl").read_text(), (rd / "summary.json").read_text()
+    lines = metrics.splitlines()
+    assert len(lines) == 3  # rounds 0, 1, 2
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][5] == "2/2" and rows["t/acc"][4] and not err
+
+    (rd / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][4:] == ["", "", "not run"]
+    assert f"{Path('runs/toy/metrics.jsonl')} is damaged (line 2 is not JSON); left out of the table" in err
+
+    (rd / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])  # torn last line
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][4:6] == ["", ""] and "ends at round 1 but summary.json says 2 rounds were completed" in err
+
+    (rd / "summary.json").unlink()  # a run killed while writing round 2
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][5] == "1/2" and rows["t/acc"][4] == f"{100 * json.loads(lines[1])['consensus/acc']:.2f}"
+    assert not err
+
+    (rd / "metrics.jsonl").write_text(metrics)  # a summary behind the log: a finished run being extended
+    (rd / "summary.json").write_text(summary.replace('"rounds_completed": 2', '"rounds_completed": 1'))
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][5] == "2/2" and not err
+
+
+def test_collect_says_which_rounds_are_untimed_instead_of_counting_them_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A run whose timing.jsonl is gone, torn or damaged read as "0 CPU-h" (and its
+    elapsed-time cell as the rounds that were timed): its values stand, and the table says
+    how many rounds are untimed, in the cell's *run* column and in the compute line."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
+    timing = tmp_path / "runs" / "toy" / "timing.jsonl"
+    text = timing.read_text()
+    rows, _ = _collected(papers, capsys)
+    value = rows["t/acc"][4]
+    assert "untimed" not in rows["t/acc"][6] and "untimed" not in rows["compute"][0]
+
+    timing.unlink()
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][4] == value and rows["t/acc"][6] == "`runs/toy` (0 CPU-h; 2 rounds untimed, not counted)"
+    assert rows["t/time"][4] == "n/a (2 of 2 rounds untimed)"
+    assert "1 runs have 2 rounds without timing.jsonl lines, not counted" in rows["compute"][0] and not err
+
+    timing.write_text(text[:-10])  # torn while writing round 2
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][6].endswith("CPU-h; 1 rounds untimed, not counted)") and not rows["t/acc"][6].startswith(
+        "`runs/toy` (0 CPU-h") and rows["t/time"][4] == "n/a (1 of 2 rounds untimed)" and not err
+
+    timing.write_text("garbage\n" + text)
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][4] == value and "2 rounds untimed" in rows["t/acc"][6]
+    assert f"{Path('runs/toy/timing.jsonl')} is damaged (line 1 is not JSON); the run's rounds count as untimed" in err
+
+
+def test_collect_reads_a_run_extended_past_the_configs_rounds_at_those_rounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A 2-round config's run extended with ``--rounds 3`` was tabulated at round 3 as
+    "3/3": another round than the config's, said to be the config's plan. The table reads
+    it at the rounds asked: the config's 2, or 3 with ``--rounds 3``."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main(args) == 0
+    at2, _ = _collected(papers, capsys)
+    assert main([*args, "--rounds", "3"]) == 0
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][4:6] == [at2["t/acc"][4], "2/2"] and rows["t/at3"][4:6] == ["", "2/2 (at 3)"] and not err
+    assert rows["t/acc"][6] == at2["t/acc"][6]  # the compute of the rounds read
+    rows, _ = _collected(papers, capsys, "--rounds", "3")
+    assert rows["t/acc"][5] == "3/3" and rows["t/at3"][4] == rows["t/acc"][4] != at2["t/acc"][4]
+
+
+def test_collect_leaves_out_a_run_whose_saved_hyperparams_cannot_be_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """An absent hyperparams.json is a run made before lowband saved them (compared on
+    today's defaults); a torn or non-object one used to be taken for that too, so a run
+    whose defaults cannot be told passed as today's config's: now it is left out, named."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
+    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
+    for text, error in (('{"algorithm": "dfed', "JSONDecodeError: Unterminated string"),
+                        ("[1]", "ValueError: not a JSON object but list")):
+        hp.write_text(text)
+        rows, err = _collected(papers, capsys)
+        assert rows["t/acc"][6] == "not run"
+        assert f"{Path('runs/toy/hyperparams.json')} cannot be read ({error}" in err and "left out" in err
+    hp.unlink()
+    rows, err = _collected(papers, capsys)
+    assert rows["t/acc"][6].startswith("`runs/toy` (") and not err

@@ -41,8 +41,12 @@ Every config runs once however many cells use it, in its own run folder (the con
 reused, an interrupted one is resumed from its checkpoint (or restarted from round 0 when
 it was killed before its first checkpoint; each seed likewise), and ``--rounds N``
 shortens (or extends) runs;
-the table says how many rounds each number comes from. ``--collect`` only tabulates what
-exists. ``--dry-run`` runs and writes nothing: for every run it says what a real run would do
+the table says how many rounds each number comes from, reading every run up to the rounds
+asked (the config's, or ``--rounds``), also a run extended past them. ``--collect`` only
+tabulates what exists; a folder whose logs or saved config are damaged (:func:`run_data_at`)
+is left out, with one line on stderr saying which file and what to do, and rounds without
+timing are said to be untimed, not counted as free.
+``--dry-run`` runs and writes nothing: for every run it says what a real run would do
 with its folder (:func:`run_action`, which :func:`run_config` acts on) and the CPU-hours it
 still needs, timed on the folder's own rounds or on the config's other seed runs
 (:func:`estimate`), then the totals. The table goes to ``--out`` (a folder, or a ``.md`` file; default
@@ -359,16 +363,56 @@ def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: O
 
 
 def _read_json(path: Path) -> Optional[dict]:
+    """The JSON object in ``path`` (None: no file, unreadable, or not an object)."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _jsonl(path: Path) -> list[dict]:
-    from lowband.engine.runlog import RunLog
+    """The records of a run's JSON-lines log (metrics.jsonl, timing.jsonl; [] when absent) as
+    lowband writes them: one object per line with an integer ``round``, rounds increasing,
+    every value a number or null (``NaN``/``Infinity`` read as null, as lowband writes them
+    now). A torn last line (a kill mid-write: no newline after it) is left out, as
+    :meth:`RunLog.read_jsonl` does, and a round logged twice with the same values counts
+    once. Anything else raises ValueError saying which line is wrong: a bad line before the
+    end must not make the run read as a shorter one, nor crash the table."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    out: dict[int, dict] = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = _log_record(json.loads(line, parse_constant=lambda _: None))
+        except json.JSONDecodeError:
+            if i == len(lines) and not text.endswith("\n"):
+                break  # torn by a kill mid-write
+            raise ValueError(f"line {i} is not JSON") from None
+        except ValueError as exc:
+            raise ValueError(f"line {i}: {exc}") from None
+        r, last = rec["round"], next(reversed(out), None)
+        if r in out and out[r] != rec:
+            raise ValueError(f"round {r} is logged twice with different values (line {i})")
+        if r not in out and last is not None and r < last:
+            raise ValueError(f"round {r} comes after round {last} (line {i})")
+        out.setdefault(r, rec)
+    return list(out.values())
 
-    return RunLog.read_jsonl(path)
+
+def _log_record(rec: Any) -> dict:
+    """``rec`` if it is a log record (an object with an integer ``round`` whose values are
+    numbers or null), else ValueError saying what it is not."""
+    if not isinstance(rec, dict) or isinstance(rec.get("round"), bool) or not isinstance(rec.get("round"), int):
+        raise ValueError("not an object with an integer 'round'")
+    for k, v in rec.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{k} is {v!r}, not a number")
+    return rec
 
 
 def on_cpu(device: str) -> bool:
@@ -409,6 +453,14 @@ class RunData:
         return float(sum((t.get("round_s") or 0.0) + (t.get("eval_s") or 0.0) for t in self.timing))
 
     @property
+    def untimed(self) -> int:
+        """Rounds 1..:attr:`rounds_done` without a line in ``timing.jsonl`` (the file missing,
+        torn or damaged): their time is unknown, so :attr:`seconds` leaves them out and the
+        table says so instead of counting them as free."""
+        timed = {t.get("round") for t in self.timing}
+        return sum(r not in timed for r in range(1, self.rounds_done + 1))
+
+    @property
     def cpu_hours(self) -> float:
         """:attr:`seconds` times the run's ``threads`` (1 where unset), in hours; 0 for a
         run on a GPU (its time is :attr:`gpu_hours`)."""
@@ -421,55 +473,105 @@ class RunData:
 
 
 def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
-    """What run folder ``rd`` holds of a run of ``exp`` (None when it logged no round);
-    rounds planned, threads and seed as saved in its config.toml."""
-    metrics = _jsonl(rd / "metrics.jsonl")
+    """What run folder ``rd`` holds of a run of ``exp``, read up to ``exp.rounds`` (the
+    config's rounds, or ``--rounds``: a run extended past them is read where the config's
+    other runs are, so it neither reads as that config's result at another round nor marks
+    them as behind); threads, seed and device as saved in its config.toml. None when it
+    logged no round, or (said on stderr, with what to do) when its logs or saved config
+    cannot be trusted."""
+    path = rd / "metrics.jsonl"
+    try:
+        metrics = _jsonl(path)
+    except (OSError, ValueError) as exc:
+        return _leave_out(f"{path} is damaged ({exc})", "restore the file, or move the folder away and run the "
+                                                        "cell again")
+    lost = _lost_rounds(rd, metrics)
+    if lost:
+        return _leave_out(f"{path} {lost}", "restore the file, or move the folder away and run the cell again")
     if not metrics:
         return None
     unreadable = _unreadable_config(rd)
     if unreadable:
-        print(f"  warning: {rd / 'config.toml'} cannot be read ({unreadable}), so which config made this run "
-              f"cannot be told; left out of the table: restore the file or move the folder away and run the "
-              f"cell again", file=sys.stderr)
-        return None
+        return _leave_out(f"{rd}/{unreadable}, so which config made this run cannot be told",
+                          "restore the file or move the folder away and run the cell again")
     stale = _stale(exp, rd)
     if stale:
-        print(f"  warning: {rd} was made by another config than today's ({stale}); left out of the table: "
-              f"move it away and run the cell again", file=sys.stderr)
-        return None
-    planned, threads, seed, device = exp.rounds, exp.threads, exp.seed, "cpu"
+        return _leave_out(f"{rd} was made by another config than today's ({stale})",
+                          "move it away and run the cell again")
+    threads, seed, device = exp.threads, exp.seed, "cpu"
     saved = rd / "config.toml"
     if saved.exists():
         import tomllib
 
-        try:
-            cfg = tomllib.loads(saved.read_text())
-        except (OSError, ValueError):
-            cfg = {}
-        planned = int(cfg.get("rounds", planned))
+        cfg = tomllib.loads(saved.read_text())  # (readable: checked above)
         threads = cfg.get("threads", threads)
         seed = int(cfg.get("seed", seed))
         device = str(cfg.get("device", "cpu"))
     main = exp.eval.main or "consensus/acc"
-    return RunData(rd, metrics, _jsonl(rd / "timing.jsonl"), max(planned, exp.rounds), exp.eval.target, main,
-                   int(threads) if threads else None, seed, device)
+    n = exp.rounds
+    return RunData(rd, [m for m in metrics if m["round"] <= n], [t for t in _timing(rd) if t["round"] <= n], n,
+                   exp.eval.target, main, int(threads) if threads else None, seed, device)
+
+
+def _leave_out(why: str, fix: str) -> None:
+    """Say on stderr, in one line, that a run folder is left out of the table, why and how to
+    fix it (returns None, what :func:`run_data_at` then returns)."""
+    print(f"  warning: {why}; left out of the table: {fix}", file=sys.stderr)
+
+
+def _lost_rounds(rd: Path, metrics: list[dict]) -> Optional[str]:
+    """What is missing when ``rd``'s summary.json says the run completed more rounds than its
+    ``metrics`` hold (None: it does not, or there is no summary): a finished run whose log
+    lost its end (a torn copy) must not read as a run still under way at an earlier round.
+    Fewer is normal: a finished run extended by a resume keeps its summary until it ends."""
+    done = (_read_json(rd / "summary.json") or {}).get("rounds_completed")
+    last = metrics[-1]["round"] if metrics else 0
+    if not isinstance(done, int) or isinstance(done, bool) or done <= last:
+        return None
+    held = f"ends at round {last}" if metrics else "holds no round"
+    return f"{held} but summary.json says {done} rounds were completed"
+
+
+def _timing(rd: Path) -> list[dict]:
+    """The records of ``rd``'s timing.jsonl; a damaged one is said on stderr and read as
+    none: the run's values stand, and its rounds count as untimed (:attr:`RunData.untimed`)."""
+    path = rd / "timing.jsonl"
+    try:
+        return _jsonl(path)
+    except (OSError, ValueError) as exc:
+        print(f"  warning: {path} is damaged ({exc}); the run's rounds count as untimed (its compute is "
+              f"unknown): restore the file to count them", file=sys.stderr)
+        return []
 
 
 def _unreadable_config(rd: Path) -> Optional[str]:
-    """Why ``rd``'s saved config.toml cannot be read (None: it can, or there is none): a
-    torn or hand-edited file must not pass as a run of today's config (nothing could be
-    compared) nor as one of another config (nothing says so)."""
+    """Why ``rd``'s saved config.toml or hyperparams.json cannot be read, as ``"NAME cannot be
+    read (ERROR)"`` (None: both can, or are absent): a torn or hand-edited file must not pass
+    as a run of today's config (nothing could be compared) nor as one of another config
+    (nothing says so). An absent hyperparams.json is a run made before lowband saved them
+    (:func:`lowband.engine.runlog.saved_hyperparams`); an unreadable one is not."""
     import tomllib
 
-    path = rd / "config.toml"
-    if not path.exists():
-        return None
-    try:
-        tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    from lowband.engine.runlog import HYPERPARAMS_NAME
+
+    for name, parse in (("config.toml", tomllib.loads), (HYPERPARAMS_NAME, _json_object)):
+        path = rd / name
+        if not path.exists():
+            continue
+        try:
+            parse(path.read_text())
+        except (OSError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return f"{name} cannot be read ({type(exc).__name__}{': ' + first if first else ''})"
     return None
+
+
+def _json_object(text: str) -> dict:
+    """``text`` parsed as a JSON object (ValueError if it is not JSON, or not an object)."""
+    obj = json.loads(text)
+    if not isinstance(obj, dict):
+        raise ValueError(f"not a JSON object but {type(obj).__name__}")
+    return obj
 
 
 def _stale(exp: Any, rd: Path) -> Optional[str]:
@@ -562,6 +664,8 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         return v, number_text(cell, v)
     if m.startswith("time/"):
         key = m.split("/", 1)[1]
+        if key == "elapsed_s" and d.untimed:
+            return None, f"n/a ({d.untimed} of {d.rounds_done} rounds untimed)"
         if key == "elapsed_s":
             v = d.seconds if d.timing else None
         else:
@@ -690,6 +794,10 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
     wall_h = sum(d.seconds for d in made.values()) / 3600
     unset = sum(1 for d in made.values() if not d.threads and d.on_cpu)
     note = f"; {unset} without `threads` counted as one core" if unset else ""
+    untimed = [d for d in made.values() if d.untimed]
+    if untimed:
+        note += (f"; {len(untimed)} runs have {sum(d.untimed for d in untimed)} rounds without timing.jsonl lines, "
+                 f"not counted (their compute is unknown: the hours are a lower bound)")
     gpu = [d for d in made.values() if not d.on_cpu]
     if gpu:
         note += (f"; {len(gpu)} runs on a GPU ({', '.join(sorted({d.device for d in gpu}))}) add "
@@ -823,8 +931,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 cpu_h = sum(d.cpu_hours for d in runs.values())
                 gpu_h = sum(d.gpu_hours for d in runs.values())
                 on_gpu = sum(not d.on_cpu for d in runs.values())
+                untimed = sum(d.untimed for d in runs.values())
                 where = f"`{base}`{seeds} ({cpu_h:.3g} CPU-h" + (
-                    f"; {gpu_h:.3g} GPU-h for {on_gpu} run{'s' if on_gpu > 1 else ''} on a GPU)" if on_gpu else ")")
+                    f"; {gpu_h:.3g} GPU-h for {on_gpu} run{'s' if on_gpu > 1 else ''} on a GPU" if on_gpu else "") + (
+                    f"; {untimed} rounds untimed, not counted)" if untimed else ")")
                 if held:
                     names = ", ".join(str(s) for s in held)
                     where += f" (seed {names} kept from the previous table: run folder not found)"
