@@ -395,6 +395,32 @@ def test_compare_refuses_a_folder_that_is_not_a_run(capsys, runs: dict[str, Path
     assert not (tmp_path / "cmp").exists()
 
 
+def test_a_damaged_log_is_one_line_everywhere_and_a_resume_keeps_every_round(
+        capsys, runs: dict[str, Path], tmp_path: Path) -> None:
+    """A metrics.jsonl with a bad line before its end used to be read up to that line: compare
+    and export showed a shorter run, and --resume cut every round after it (truncate_after
+    rewrote the file from what it had read). Now each says in one line which file and line
+    is damaged, exits 2, and changes nothing."""
+    import shutil
+
+    a = tmp_path / "a"
+    shutil.copytree(runs["fa"], a)
+    path = a / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) >= 3
+    path.write_text("\n".join([lines[0], lines[1][: len(lines[1]) // 2], *lines[2:]]) + "\n")
+    cfg = tomllib.loads((a / "config.toml").read_text())
+    before = snapshot(a)
+    for argv in (["compare", str(a), "--out", str(tmp_path / "cmp")],
+                 ["export", str(a), "--out", str(tmp_path / "exp")],
+                 ["run", str(a / "config.toml"), f"rounds={cfg['rounds'] + 1}", f"out_dir={a}", "--resume", "--quiet"]):
+        rc, _, err = cli(capsys, *argv)
+        line = one_error_line(err)
+        assert rc == 2 and f"{path} is damaged (line 2 is not JSON)" in line, (argv, err)
+        assert snapshot(a) == before, argv
+    assert not (tmp_path / "cmp").exists() and not (tmp_path / "exp").exists()
+
+
 # ----------------------------------------------------------------------------- list
 
 

@@ -322,13 +322,14 @@ def test_a_damaged_run_log_is_refused_with_the_line(tmp_path: Path, text: str, e
     ended the read there), crash the table (a line that is not an object, no round, a
     string where a number is compared) or pass as a number (``"0.5"``): now it is an error
     naming the line, which :func:`run_data_at` turns into a warning."""
+    from lowband.engine.runlog import DamagedLogError
     from lowband.reproduce import _jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(text)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(DamagedLogError) as err:
         _jsonl(path)
-    assert str(err.value) == error
+    assert err.value.problem == error and str(err.value).startswith(f"{path} is damaged ({error}): ")
 
 
 def test_a_run_log_reads_a_torn_last_line_repeated_rounds_and_non_finite_values(tmp_path: Path) -> None:

@@ -372,47 +372,11 @@ def _read_json(path: Path) -> Optional[dict]:
 
 
 def _jsonl(path: Path) -> list[dict]:
-    """The records of a run's JSON-lines log (metrics.jsonl, timing.jsonl; [] when absent) as
-    lowband writes them: one object per line with an integer ``round``, rounds increasing,
-    every value a number or null (``NaN``/``Infinity`` read as null, as lowband writes them
-    now). A torn last line (a kill mid-write: no newline after it) is left out, as
-    :meth:`RunLog.read_jsonl` does, and a round logged twice with the same values counts
-    once. Anything else raises ValueError saying which line is wrong: a bad line before the
-    end must not make the run read as a shorter one, nor crash the table."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.splitlines()
-    out: dict[int, dict] = {}
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = _log_record(json.loads(line, parse_constant=lambda _: None))
-        except json.JSONDecodeError:
-            if i == len(lines) and not text.endswith("\n"):
-                break  # torn by a kill mid-write
-            raise ValueError(f"line {i} is not JSON") from None
-        except ValueError as exc:
-            raise ValueError(f"line {i}: {exc}") from None
-        r, last = rec["round"], next(reversed(out), None)
-        if r in out and out[r] != rec:
-            raise ValueError(f"round {r} is logged twice with different values (line {i})")
-        if r not in out and last is not None and r < last:
-            raise ValueError(f"round {r} comes after round {last} (line {i})")
-        out.setdefault(r, rec)
-    return list(out.values())
+    """A run's JSON-lines log, strictly (:meth:`RunLog.read_jsonl`: a damaged one raises
+    :class:`~lowband.engine.runlog.DamagedLogError`, a ValueError naming the line)."""
+    from lowband.engine.runlog import RunLog
 
-
-def _log_record(rec: Any) -> dict:
-    """``rec`` if it is a log record (an object with an integer ``round`` whose values are
-    numbers or null), else ValueError saying what it is not."""
-    if not isinstance(rec, dict) or isinstance(rec.get("round"), bool) or not isinstance(rec.get("round"), int):
-        raise ValueError("not an object with an integer 'round'")
-    for k, v in rec.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ValueError(f"{k} is {v!r}, not a number")
-    return rec
+    return RunLog.read_jsonl(path)
 
 
 def on_cpu(device: str) -> bool:
@@ -483,7 +447,7 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     try:
         metrics = _jsonl(path)
     except (OSError, ValueError) as exc:
-        return _leave_out(f"{path} is damaged ({exc})", "restore the file, or move the folder away and run the "
+        return _leave_out(f"{path} is damaged ({_problem(exc)})", "restore the file, or move the folder away and run the "
                                                         "cell again")
     lost = _lost_rounds(rd, metrics)
     if lost:
@@ -532,6 +496,12 @@ def _lost_rounds(rd: Path, metrics: list[dict]) -> Optional[str]:
     return f"{held} but summary.json says {done} rounds were completed"
 
 
+def _problem(exc: Exception) -> str:
+    """What is wrong with a log that could not be read: a damaged line's description
+    (:class:`~lowband.engine.runlog.DamagedLogError`), else the error."""
+    return getattr(exc, "problem", None) or f"{type(exc).__name__}: {exc}"
+
+
 def _timing(rd: Path) -> list[dict]:
     """The records of ``rd``'s timing.jsonl; a damaged one is said on stderr and read as
     none: the run's values stand, and its rounds count as untimed (:attr:`RunData.untimed`)."""
@@ -539,7 +509,7 @@ def _timing(rd: Path) -> list[dict]:
     try:
         return _jsonl(path)
     except (OSError, ValueError) as exc:
-        print(f"  warning: {path} is damaged ({exc}); the run's rounds count as untimed (its compute is "
+        print(f"  warning: {path} is damaged ({_problem(exc)}); the run's rounds count as untimed (its compute is "
               f"unknown): restore the file to count them", file=sys.stderr)
         return []
 

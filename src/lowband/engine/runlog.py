@@ -31,6 +31,28 @@ class RunDirError(RuntimeError):
     """The run folder cannot be used as asked (one line: what and how to fix)."""
 
 
+class DamagedLogError(RunDirError, ValueError):
+    """A run's metrics.jsonl or timing.jsonl is damaged before its end (:meth:`RunLog.read_jsonl`):
+    ``path`` and ``problem`` (which line, what is wrong with it). A :class:`RunDirError`, so
+    the CLI says it in one line (exit 2) and a resume refuses before it writes anything."""
+
+    def __init__(self, path: Path, problem: str):
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{path} is damaged ({problem}): restore the file, or move the run folder away and "
+                         f"run again")
+
+
+def _log_record(rec: Any) -> dict[str, Any]:
+    """``rec`` if it is a log record (an object with an integer ``round`` whose values are
+    numbers or null), else ValueError saying what it is not."""
+    if not isinstance(rec, dict) or isinstance(rec.get("round"), bool) or not isinstance(rec.get("round"), int):
+        raise ValueError("not an object with an integer 'round'")
+    for k, v in rec.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{k} is {v!r}, not a number")
+    return rec
+
+
 #: the first line of every config.toml a run writes: what marks a folder as lowband's own
 CONFIG_HEADER = "# lowband run folder: the resolved configuration of this run (written by lowband)\n"
 
@@ -297,17 +319,37 @@ class RunLog:
 
     @staticmethod
     def read_jsonl(path: Path) -> list[dict[str, Any]]:
+        """The records of a run's JSON-lines log (metrics.jsonl, timing.jsonl; [] when absent)
+        as lowband writes them: one object per line with an integer ``round``, rounds
+        increasing, every value a number or null (``NaN``/``Infinity`` of older files read
+        as null, as lowband writes them now). A torn last line (a kill mid-write: no newline
+        after it) is left out, and a round logged twice with the same values counts once.
+        Anything else raises :class:`DamagedLogError` naming the line: a bad line before the
+        end must not make a run read as a shorter one (and a resume then cut the rounds
+        after it), nor crash a report."""
         if not path.exists():
             return []
-        out = []
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a torn last line from a kill
-        return out
+        text = path.read_text()
+        lines = text.splitlines()
+        out: dict[int, dict[str, Any]] = {}
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = _log_record(json.loads(line, parse_constant=lambda _: None))
+            except json.JSONDecodeError:
+                if i == len(lines) and not text.endswith("\n"):
+                    break  # torn by a kill mid-write
+                raise DamagedLogError(path, f"line {i} is not JSON") from None
+            except ValueError as exc:
+                raise DamagedLogError(path, f"line {i}: {exc}") from None
+            r, last = rec["round"], next(reversed(out), None)
+            if r in out and out[r] != rec:
+                raise DamagedLogError(path, f"round {r} is logged twice with different values (line {i})")
+            if r not in out and last is not None and r < last:
+                raise DamagedLogError(path, f"round {r} comes after round {last} (line {i})")
+            out.setdefault(r, rec)
+        return list(out.values())
 
     def metrics(self) -> list[dict[str, Any]]:
         return self.read_jsonl(self.metrics_path)
