@@ -282,7 +282,7 @@ def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
     # a finished run of another config is not reused as this one's (the table would leave it out)
     assert line[5].startswith("  would skip    papers/toy/dfedavg.toml seed 5 -> runs/toy/seed-5: ")
     assert "holds a finished run of another config" in line[5] and "algorithm.lr" in line[5]
-    m = re.fullmatch(r"would run 1, resume 1, restart 1, reuse 1, skip 2: about (\S+) CPU-h still needed by the 3 "
+    m = re.fullmatch(r"in all: run 1, resume 1, restart 1, reuse 1, skip 2: about (\S+) CPU-h still needed by the 3 "
                      r"runs with an estimate", out[-1])
     assert m, out[-1]
     assert float(m.group(1)) == pytest.approx(sum(hours.values()), rel=0.06)
@@ -296,7 +296,7 @@ def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
     assert "seed 4 -> " not in real.out and "seed 5 -> " not in real.out  # refused before it said it would run
     assert main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "would run 0, resume 0, restart 0, reuse 4, skip 2: about 0 CPU-h still needed by the 0 runs " \
+    assert out[-1] == "in all: run 0, resume 0, restart 0, reuse 4, skip 2: about 0 CPU-h still needed by the 0 runs " \
                       "with an estimate"
 
 

@@ -1028,7 +1028,7 @@ def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str]) -> list
                 one_core += est.one_core
         lines.append(dry_run_line(p, run_name(cfg, seed), est))
     to_make = counts["run"] + counts["resume"] + counts["restart"]
-    total = (f"would run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
+    total = (f"in all: run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
              f"reuse {counts['reuse']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h still needed")
     if gpu_h:
         total += f" and {_hours(gpu_h)} GPU-h on a GPU (not counted as CPU-h)"
