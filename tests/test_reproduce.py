@@ -105,7 +105,7 @@ def test_every_shipped_paper_resolves_from_a_foreign_folder(tmp_path: Path, monk
     assert "would run     spark/ntkdfl_ref_m10.toml -> runs/spark-fmnist-ntkdfl_ref_m10 (4 rounds; no estimate: " \
         "nothing of this config has run here)" in out
     assert "would run     spark/ntkdfl_ref_m10_seq.toml -> " in out
-    assert out.splitlines()[-1].startswith("would run 2, resume 0, restart 0, reuse 0, skip 0: ")
+    assert out.splitlines()[-1].startswith("in all: run 2, resume 0, restart 0, reuse 0, skip 0: ")
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
@@ -256,9 +256,37 @@ def test_collect_leaves_out_a_run_made_under_another_default(
     (tmp_path / "out" / "toy.md").unlink()
     capsys.readouterr()
     assert main(args) == 0
-    assert "| not run |" in row()
+    assert "| left out: `runs/toy` (see the warning) |" in row()
     err = capsys.readouterr().err
     assert "made by another config" in err and "algorithm.lr" in err
+
+
+def test_collect_does_not_keep_an_earlier_value_when_its_folder_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A cell keeps the previous table's value only when its run folder is gone. A folder
+    that is there but left out (made under another config: here the config was edited in
+    place after the run; or damaged) used to let the old value stand, noted "run folder not
+    found": the table then showed the old config's number under the new config."""
+    import json
+
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
+    assert main(args[:-1]) == 0
+    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
+                       if line.startswith("| t/acc |"))
+    assert "`runs/toy`" in row() and row().split("|")[5].strip()
+    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
+    saved = json.loads(hp.read_text())
+    saved["lr"] = saved["lr"] * 2
+    hp.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(args) == 0  # the previous table is there, with the value
+    cols = [c.strip() for c in row().strip().strip("|").split("|")]
+    assert cols[4] == "" and cols[6] == "left out: `runs/toy` (see the warning)", cols
+    assert "made by another config" in capsys.readouterr().err
 
 
 def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
@@ -280,7 +308,7 @@ def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
     (tmp_path / "out" / "toy.md").unlink()
     capsys.readouterr()
     assert main(args) == 0
-    assert "| not run |" in row()
+    assert "| left out: `runs/toy` (see the warning) |" in row()
     err = capsys.readouterr().err
     assert "config.toml cannot be read (TOMLDecodeError" in err and "another config" not in err
 
@@ -368,7 +396,7 @@ def test_collect_leaves_out_a_run_whose_metrics_are_damaged_or_lost_rounds(
 
     (rd / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
     rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][4:] == ["", "", "not run"]
+    assert rows["t/acc"][4:] == ["", "", "left out: `runs/toy` (see the warning)"]
     assert f"{Path('runs/toy/metrics.jsonl')} is damaged (line 2 is not JSON); left out of the table" in err
 
     (rd / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])  # torn last line
@@ -454,7 +482,7 @@ def test_collect_leaves_out_a_run_whose_saved_hyperparams_cannot_be_read(
                         ("[1]", "ValueError: not a JSON object but list")):
         hp.write_text(text)
         rows, err = _collected(papers, capsys)
-        assert rows["t/acc"][6] == "not run"
+        assert rows["t/acc"][6] == "left out: `runs/toy` (see the warning)"
         assert f"{Path('runs/toy/hyperparams.json')} cannot be read ({error}" in err and "left out" in err
     hp.unlink()
     rows, err = _collected(papers, capsys)

@@ -582,6 +582,27 @@ def seed_data(config: str, overrides: list[str]) -> dict[int, RunData]:
     return dict(sorted(found.items()))
 
 
+def left_out_seeds(config: str, overrides: list[str], runs: dict[int, RunData]) -> dict[int, Path]:
+    """seed -> folder of ``config``'s run folders that hold a log but are not in ``runs``
+    (:func:`seed_data` left them out: damaged, or made by another config; the warning said
+    why), the seed read from the folder's name (``R``: the config's own seed). Their cells
+    must not keep an earlier table's value as if the folder were gone: what is on disk now
+    contradicts or cannot confirm it."""
+    from lowband.batch import seed_runs
+
+    exp = load_experiment(config, overrides)
+    rd = exp.run_dir()
+    loaded = {d.dir.resolve() for d in runs.values()}
+    out: dict[int, Path] = {}
+    for folder in [rd, *seed_runs(rd)]:
+        log = folder / "metrics.jsonl"
+        if folder.resolve() in loaded or not log.is_file() or log.stat().st_size == 0:
+            continue
+        m = re.fullmatch(r"seed-(\d+)", folder.name)
+        out[int(m.group(1)) if m and folder != rd else int(exp.seed)] = folder
+    return out
+
+
 def bytes_per_round(d: RunData) -> Optional[float]:
     last = d.metrics[-1]
     if not d.rounds_done:
@@ -871,7 +892,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             refs = data(c.reference) if c.reference else {}
             unit = c.paper_unit or ("%" if "acc" in c.metric else "")
             paper_s = "" if c.paper is None else f"{c.paper}{' ' + unit if unit and unit != 'rounds' else ''}"
-            if not runs and c.id in previous and not _same_run(previous[c.id][2], c.config, overrides):
+            left_out = left_out_seeds(c.config, overrides, runs)
+            if not runs and left_out:
+                ours, rounds, where = "", "", f"left out: `{next(iter(left_out.values()))}` (see the warning)"
+            elif not runs and c.id in previous and not _same_run(previous[c.id][2], c.config, overrides):
                 print(f"  warning: {c.id}: the previous table's value came from another run folder than "
                       f"{c.config}'s; not kept", file=sys.stderr)
                 ours, rounds, where = "", "", "not run"
@@ -891,7 +915,7 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                     if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
                         # one seed then (no per-seed list): the config's own seed
                         note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}"
-                    held = kept_seeds(note, previous[c.id][1], set(runs))
+                    held = kept_seeds(note, previous[c.id][1], set(runs) | set(left_out))
                 ours, per_seed = seeds_value(c, runs, refs, held)
                 rounds = _rounds_text(c, list(runs.values()), held)
                 base = next(iter(runs.values())).dir
