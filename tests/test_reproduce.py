@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -235,6 +236,20 @@ def test_collect_does_not_keep_a_value_another_config_measured(
     assert "another run folder" in capsys.readouterr().err
 
 
+def _toy_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str], Callable[[], str]]:
+    """The toy paper run once (2 rounds) into ``runs/toy`` with its table at out/toy.md: the
+    papers folder, the ``--collect`` command line, and a function returning the table's
+    ``t/acc`` row as it is now."""
+    from lowband.cli import main
+
+    papers = _toy(tmp_path, rounds=2)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
+    assert main(args[:-1]) == 0
+    return papers, args, lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()
+                                      if line.startswith("| t/acc |"))
+
+
 def test_collect_leaves_out_a_run_made_under_another_default(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A run folder whose saved hyperparameters differ from what the config resolves to today
@@ -242,12 +257,7 @@ def test_collect_leaves_out_a_run_made_under_another_default(
     and says why, instead of printing it as this version's number."""
     from lowband.cli import main
 
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
-    assert main(args[:-1]) == 0
-    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
-                       if line.startswith("| t/acc |"))
+    _, args, row = _toy_run(tmp_path, monkeypatch)
     assert "`runs/toy`" in row() and "not run" not in row()
     hp = tmp_path / "runs" / "toy" / "hyperparams.json"
     saved = json.loads(hp.read_text())
@@ -267,16 +277,9 @@ def test_collect_does_not_keep_an_earlier_value_when_its_folder_is_left_out(
     that is there but left out (made under another config: here the config was edited in
     place after the run; or damaged) used to let the old value stand, noted "run folder not
     found": the table then showed the old config's number under the new config."""
-    import json
-
     from lowband.cli import main
 
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
-    assert main(args[:-1]) == 0
-    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
-                       if line.startswith("| t/acc |"))
+    _, args, row = _toy_run(tmp_path, monkeypatch)
     assert "`runs/toy`" in row() and row().split("|")[5].strip()
     hp = tmp_path / "runs" / "toy" / "hyperparams.json"
     saved = json.loads(hp.read_text())
@@ -296,12 +299,7 @@ def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
     and says what is wrong with the file."""
     from lowband.cli import main
 
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md", "--collect"]
-    assert main(args[:-1]) == 0
-    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
-                       if line.startswith("| t/acc |"))
+    _, args, row = _toy_run(tmp_path, monkeypatch)
     assert "`runs/toy`" in row()
     saved = tmp_path / "runs" / "toy" / "config.toml"
     saved.write_text(saved.read_text()[: len(saved.read_text()) // 2] + "\n[[[\n")

@@ -306,10 +306,10 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None) ->
     if done is not None and done >= exp.rounds:
         # a finished run of another config must not pass as this one's: the table would leave
         # it out, and the cell would never be run
-        why = _unreadable_config(rd) or _stale(exp, rd)
-        if why:
+        foreign = _not_a_run_of(exp, rd)
+        if foreign:
             return Planned("skip", exp, rd, int(done), reason=f"{rd} holds a finished run of another config "
-                                                              f"({why}); move it away to run this one")
+                                                              f"({foreign[0]}); move it away to run this one")
         return Planned("reuse", exp, rd, int(done))
     started = (rd / "config.toml").exists()
     try:
@@ -454,14 +454,9 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         return _leave_out(f"{path} {lost}", "restore the file, or move the folder away and run the cell again")
     if not metrics:
         return None
-    unreadable = _unreadable_config(rd)
-    if unreadable:
-        return _leave_out(f"{rd}/{unreadable}, so which config made this run cannot be told",
-                          "restore the file or move the folder away and run the cell again")
-    stale = _stale(exp, rd)
-    if stale:
-        return _leave_out(f"{rd} was made by another config than today's ({stale})",
-                          "move it away and run the cell again")
+    foreign = _not_a_run_of(exp, rd)
+    if foreign:
+        return _leave_out(*foreign)
     threads, seed, device = exp.threads, exp.seed, "cpu"
     saved = rd / "config.toml"
     if saved.exists():
@@ -542,6 +537,21 @@ def _json_object(text: str) -> dict:
     if not isinstance(obj, dict):
         raise ValueError(f"not a JSON object but {type(obj).__name__}")
     return obj
+
+
+def _not_a_run_of(exp: Any, rd: Path) -> Optional[tuple[str, str]]:
+    """(why, what to do) when the run saved in ``rd`` cannot count as a run of ``exp``: its
+    saved config cannot be read (:func:`_unreadable_config`) or says another config
+    (:func:`_stale`); None when it is ``exp``'s. The one test both the table (which leaves
+    such a folder out) and :func:`run_action` (which will not reuse it) apply."""
+    unreadable = _unreadable_config(rd)
+    if unreadable:
+        return (f"{rd}/{unreadable}, so which config made this run cannot be told",
+                "restore the file or move the folder away and run the cell again")
+    stale = _stale(exp, rd)
+    if stale:
+        return f"{rd} was made by another config than today's ({stale})", "move it away and run the cell again"
+    return None
 
 
 def _stale(exp: Any, rd: Path) -> Optional[str]:
