@@ -75,7 +75,8 @@ def test_cell_seeds_run_once_each_in_the_leads_layout_and_show_mean_std(
     assert float(m.group(2)) == pytest.approx(statistics.stdev(accs), abs=0.006)
     assert row[5] == "2/2" and row[6].startswith("`runs/toy` seeds 0, 1, 2 (") and "CPU-h)" in row[6]
     text = table.read_text()
-    assert "- `t/acc`: " + ", ".join(f"{s}: {a:.2f}" for s, a in zip(runs, accs)) in text
+    assert re.search(re.escape("- `t/acc`: ") + ", ".join(
+        re.escape(f"{s}: {a:.2f}") + r" \([0-9.e-]+ CPU-h\)" for s, a in zip(runs, accs)), text)
     # a cell without seeds of the same config shows every seed found too
     assert _row(table, "t/rounds")[4].endswith("(n=3)")
     assert "in the 3 runs made of 1 configs" in text
@@ -488,7 +489,11 @@ def test_collect_keeps_a_gone_seed_beside_the_seeds_on_disk(
     table = tmp_path / "out" / "toy.md"
     full = _row(table, "t/acc")
     assert full[4].endswith("(n=3)")
-    accs = {s: _final_acc(tmp_path / "runs" / "toy" / (f"seed-{s}" if s else "")) for s in (0, 1, 2)}
+    dirs = {s: tmp_path / "runs" / "toy" / (f"seed-{s}" if s else "") for s in (0, 1, 2)}
+    accs = {s: _final_acc(d) for s, d in dirs.items()}
+    hours = {s: _timed(d)[0] / 3600 for s, d in dirs.items()}
+    note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
+    assert note == "- `t/acc`: " + ", ".join(f"{s}: {a:.2f} ({hours[s]:.3g} CPU-h)" for s, a in accs.items())
     # seed 0's folder (runs/toy itself) gone, seeds 1 and 2 kept
     for f in (tmp_path / "runs" / "toy").iterdir():
         if not f.name.startswith("seed-"):
@@ -497,11 +502,31 @@ def test_collect_keeps_a_gone_seed_beside_the_seeds_on_disk(
     row = _row(table, "t/acc")
     assert row[4] == full[4]  # the same mean ± std over the same three values
     assert "seeds 0, 1, 2" in row[6] and "seed 0 kept from the previous table" in row[6]
-    note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
-    assert note == "- `t/acc`: " + ", ".join(f"{s}: {a:.2f}" for s, a in accs.items())
-    # and again: seed 0 stays kept (its text is the previous table's), nothing doubles
+    assert row[6].endswith(f"(seed 0 kept from the previous table: run folder not found; {hours[0]:.3g} CPU-h) |"[:-2])
+    assert next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:")) == note
+
+    def kept_compute() -> float:
+        line = next(x for x in table.read_text().splitlines() if x.startswith("**Compute"))
+        return float(re.search(r"Cells kept from the previous table add ([0-9.e+-]+) CPU-hours", line).group(1))
+
+    # the header adds seed 0's compute alone (seeds 1 and 2 are counted as runs made), and
+    # again after another collect: it used to add the whole cell's, and drift each time
+    assert kept_compute() == pytest.approx(float(f"{hours[0]:.3g}"))
     assert main([*args, "--collect"]) == 0
     assert _row(table, "t/acc")[4] == full[4]
+    assert kept_compute() == pytest.approx(float(f"{hours[0]:.3g}"))
+    assert next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:")) == note
+    # a table from before per-seed compute with it in one cell's list only: the config's other
+    # cells take it from there
+    text = table.read_text()
+    rounds_note = next(x for x in text.splitlines() if x.startswith("- `t/rounds`:"))
+    table.write_text(text.replace(rounds_note, re.sub(r" \([0-9.e-]+ CPU-h\)", "", rounds_note)))
+    assert main([*args, "--collect"]) == 0
+    assert _row(table, "t/rounds")[6].endswith(f"not found; {hours[0]:.3g} CPU-h)")
+    # every folder gone: the cell is kept whole, its compute the two runs' plus the held seed's
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--collect"]) == 0
+    assert kept_compute() == pytest.approx(float(f"{hours[1] + hours[2]:.3g}") + float(f"{hours[0]:.3g}"))
     # a seed that was behind is not kept as a value
     from lowband.reproduce import kept_seeds
     kept = kept_seeds("0: 79.43, 1: behind (round 0 of 30), 2: > 30, 3: 1,234.50", "0-30/30", {2})
@@ -525,6 +550,7 @@ def test_collect_keeps_a_single_seed_cell_beside_new_seeds(
     assert re.fullmatch(r"[\d.]+", one)
     shutil.rmtree(tmp_path / "runs")
     assert main([*args, "--collect"]) == 0  # kept whole
+    kept_row = _row(table, "t/acc")
     cfg = str(papers / "toy" / "dfedavg.toml")
     for s in (1, 2):
         assert main(["run", cfg, f"seed={s}", f"out_dir=runs/toy/seed-{s}", "--quiet"]) == 0
@@ -532,8 +558,11 @@ def test_collect_keeps_a_single_seed_cell_beside_new_seeds(
     row = _row(table, "t/acc")
     assert row[4].endswith("(n=3)") and "seed 0 kept from the previous table" in row[6]
     note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
-    assert note.startswith(f"- `t/acc`: 0: {one}, 1: ")
-    nums = [float(x.split(": ")[1]) for x in note.split("`: ")[1].split(", ")]
+    # seed 0 keeps the compute its one-seed cell recorded
+    spent = re.search(r"\(([0-9.e-]+) CPU-h\)", kept_row[6]).group(1)
+    assert note.startswith(f"- `t/acc`: 0: {one} ({spent} CPU-h), 1: ")
+    assert row[6].endswith(f"run folder not found; {spent} CPU-h)")
+    nums = [float(x.split(": ")[1].split(" (")[0]) for x in note.split("`: ")[1].split(", ")]
     assert row[4].startswith(f"{statistics.mean(nums):.2f} ± {statistics.stdev(nums):.2f}")
     from lowband.reproduce import kept_seeds
     assert kept_seeds("0: n/a (reference not run)", "3/3", set()) == {}

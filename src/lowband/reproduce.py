@@ -713,9 +713,21 @@ class KeptSeed:
     value: Optional[float]
     text: str
     rounds: int
+    cpu_hours: Optional[float] = None  #: the seed's compute as that table recorded it, if it did
 
 
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+_SEED_CPU_H = re.compile(r" \(([0-9.eE+-]+) CPU-h\)$")
+
+
+def seed_compute(d: RunData) -> str:
+    """The suffix a seed's entry in a per-seed list carries: its own compute (`` (0.81
+    CPU-h)``, GPU-hours for a run on a GPU; nothing for an untimed run). A later table that
+    keeps the seed after its folder is gone reads its CPU-hours back from there, so the
+    compute the header states stays that seed's and does not drift between collects."""
+    if d.gpu_hours:
+        return f" ({d.gpu_hours:.3g} GPU-h)"
+    return f" ({d.cpu_hours:.3g} CPU-h)" if d.cpu_hours else ""
 
 
 def kept_seeds(note: str, rounds: str, on_disk: set[int]) -> dict[int, KeptSeed]:
@@ -732,10 +744,13 @@ def kept_seeds(note: str, rounds: str, on_disk: set[int]) -> dict[int, KeptSeed]
         s, text = int(m.group(1)), m.group(2).strip()
         if s in on_disk or text in ("", "-") or text.startswith("behind"):
             continue
+        spent = _SEED_CPU_H.search(text)
+        text = text[:spent.start()] if spent else text
         num = _NUMBER.match(text)
         if num is None and not text.startswith(">"):  # "n/a (reference not run)": nothing measured
             continue
-        out[s] = KeptSeed(float(num.group(0).replace(",", "")) if num else None, text, furthest)
+        out[s] = KeptSeed(float(num.group(0).replace(",", "")) if num else None, text, furthest,
+                          float(spent.group(1)) if spent else None)
     return out
 
 
@@ -784,6 +799,20 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData],
 _CPU_H = re.compile(r"`([^`]+)`[^`]*?\(([0-9.eE+-]+) CPU-h[);]")
 
 
+_HELD = re.compile(r"`([^`]+)`.*\(seeds? ([0-9, ]+) kept from the previous table: run folder not found"
+                   r"(?:; ([0-9.eE+-]+) CPU-h)?(?:, (\d+) not recorded)?(; compute not recorded)?\)")
+
+
+def _held_compute(held: dict[int, KeptSeed]) -> str:
+    """What a cell's *run* column says of the compute of its seeds kept from the previous
+    table (``held``): their recorded CPU-hours, and how many have none recorded."""
+    known = [k.cpu_hours for k in held.values() if k.cpu_hours is not None]
+    if not known:
+        return "; compute not recorded"
+    unknown = len(held) - len(known)
+    return f"; {sum(known):.3g} CPU-h" + (f", {unknown} not recorded" if unknown else "")
+
+
 def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
                  kept: Optional[dict[str, str]] = None) -> str:
     """The compute the table's runs took: CPU-hours = the sum over runs (every seed) of
@@ -809,7 +838,16 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
     if kept:
         recorded: dict[str, float] = {}
         missing: set[str] = set()
-        for where in kept.values():
+        for cell, where in kept.items():
+            held = _HELD.search(where)
+            if held:  # seeds kept beside runs on disk (those are counted above), or inside a kept cell
+                key = f"{held.group(1)} seeds {held.group(2)}"
+                if held.group(3):
+                    recorded.setdefault(key, float(held.group(3)))
+                if held.group(5) or held.group(4):
+                    missing.add(key)
+                if cell.endswith("#kept-seeds"):
+                    continue
             hits = _CPU_H.findall(where)
             if not hits:
                 folder = re.search(r"`([^`]+)`", where)
@@ -819,6 +857,7 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
         if recorded:
             line += (f" Cells kept from the previous table add {sum(recorded.values()):.3g} CPU-hours "
                      f"(recorded for {len(recorded)} runs)")
+            missing -= set(recorded)  # one cell of a config said "not recorded", another recorded it
             line += f"; {len(missing)} of their runs have no recorded compute." if missing else "."
         elif missing:
             line += (f" The {len(missing)} runs of cells kept from the previous table have no recorded compute "
@@ -894,6 +933,13 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
         tables.setdefault(c.table, []).append(c)
     kept: dict[str, str] = {}
     body: list[str] = []
+    # a seed's compute as any cell of its config recorded it (every cell of a config lists
+    # the same runs; a table written before per-seed compute existed may have it in one)
+    seed_hours: dict[tuple[str, int], float] = {}
+    for c in cells:
+        for s, k in kept_seeds(previous.get(f"seeds/{c.id}", ("", "", ""))[2], "", set()).items():
+            if k.cpu_hours is not None:
+                seed_hours.setdefault((c.config, s), k.cpu_hours)
     for t, cs in tables.items():
         body += [f"## {t}", "", "| cell | row | metric | paper | ours | rounds | run |", "|---|---|---|---|---|---|---|"]
         notes = []
@@ -923,9 +969,12 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 if c.id in previous and _same_run(previous[c.id][2], c.config, overrides):
                     note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
                     if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
-                        # one seed then (no per-seed list): the config's own seed
-                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}"
-                    held = kept_seeds(note, previous[c.id][1], set(runs) | set(left_out))
+                        # one seed then (no per-seed list): the config's own seed, its compute the cell's
+                        spent = _CPU_H.search(previous[c.id][2])
+                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}" + (
+                            f" ({spent.group(2)} CPU-h)" if spent else "")
+                    held = {s: k if k.cpu_hours is not None else replace(k, cpu_hours=seed_hours.get((c.config, s)))
+                            for s, k in kept_seeds(note, previous[c.id][1], set(runs) | set(left_out)).items()}
                 ours, per_seed = seeds_value(c, runs, refs, held)
                 rounds = _rounds_text(c, list(runs.values()), held)
                 base = next(iter(runs.values())).dir
@@ -941,10 +990,13 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                     f"; {untimed} rounds untimed, not counted)" if untimed else ")")
                 if held:
                     names = ", ".join(str(s) for s in held)
-                    where += f" (seed {names} kept from the previous table: run folder not found)"
-                    kept[f"{c.id}#kept-seeds"] = previous[c.id][2]  # their compute, once per folder
+                    where += f" (seed {names} kept from the previous table: run folder not found{_held_compute(held)})"
                 if len(every) > 1 and ours:
-                    notes.append(f"- `{c.id}`: {', '.join(per_seed)}")
+                    spent = {s: seed_compute(d) for s, d in runs.items()} | {
+                        s: f" ({k.cpu_hours:.3g} CPU-h)" if k.cpu_hours is not None else "" for s, k in held.items()}
+                    notes.append(f"- `{c.id}`: {', '.join(t + spent[s] for s, t in zip(sorted(every), per_seed))}")
+            if _HELD.search(where):
+                kept[f"{c.id}#kept-seeds"] = where  # the held seeds' compute, read by compute_line
             body.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
         if notes:
             body += ["", "Per seed (seed: value) of the cells with several seeds:", "", *notes]
