@@ -302,6 +302,23 @@ def test_resume_refuses_a_run_started_under_another_default(capsys, tmp_path: Pa
     assert json.loads((a / "hyperparams.json").read_text())["mu"] == saved["mu"]
 
 
+def test_resume_refuses_a_run_whose_saved_hyperparams_cannot_be_read(capsys, tmp_path: Path) -> None:
+    """A damaged hyperparams.json used to read as absent (a run older than the file) and the
+    resume went on against today's defaults: now one line naming the file, nothing written.
+    An absent one (a run made before lowband saved it) still resumes."""
+    p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedprox", rounds=3))
+    a = tmp_path / "a"
+    assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--quiet")[0] == 0
+    for damage in ("{not json", "[1, 2]"):
+        (a / "hyperparams.json").write_text(damage)
+        before = snapshot(a)
+        rc, _, err = cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")
+        line = one_error_line(err)
+        assert rc == 2 and "hyperparams.json cannot be read" in line and snapshot(a) == before
+    (a / "hyperparams.json").unlink()
+    assert cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")[0] == 0
+
+
 def test_resume_does_not_care_how_the_config_named_the_folder(capsys, tmp_path: Path, monkeypatch) -> None:
     """A run started with ``out_dir=R`` (R the config's default folder, as results pages'
     commands write it) and resumed without it (as ``lowband reproduce`` does) is one run:

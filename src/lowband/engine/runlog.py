@@ -256,6 +256,11 @@ class RunLog:
                 saved = log.config_path.read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 raise RunDirError(f"--resume: cannot read {log.config_path} ({type(exc).__name__})") from None
+            hp = d / HYPERPARAMS_NAME
+            if hp.exists() and saved_hyperparams(d) is None:  # absent = a run older than the file; damaged = unknown
+                raise RunDirError(f"--resume: {hp} cannot be read as the run's hyperparameters, so whether this "
+                                  f"config continues the same run cannot be told; restore the file, or start a new "
+                                  f"run in another out_dir")
             changed = config_change(d, exp)
             if changed:
                 raise RunDirError(
