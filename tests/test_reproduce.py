@@ -106,7 +106,7 @@ def test_every_shipped_paper_resolves_from_a_foreign_folder(tmp_path: Path, monk
     assert "would run     spark/ntkdfl_ref_m10.toml -> runs/spark-fmnist-ntkdfl_ref_m10 (4 rounds; no estimate: " \
         "nothing of this config has run here)" in out
     assert "would run     spark/ntkdfl_ref_m10_seq.toml -> " in out
-    assert out.splitlines()[-1].startswith("in all: run 2, resume 0, restart 0, reuse 0, skip 0: ")
+    assert out.splitlines()[-1].startswith("in all: run 2, resume 0, restart 0, reuse 0, keep 0, skip 0: ")
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 

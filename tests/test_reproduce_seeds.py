@@ -283,7 +283,7 @@ def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
     # a finished run of another config is not reused as this one's (the table would leave it out)
     assert line[5].startswith("  would skip    papers/toy/dfedavg.toml seed 5 -> runs/toy/seed-5: ")
     assert "holds a finished run of another config" in line[5] and "algorithm.lr" in line[5]
-    m = re.fullmatch(r"in all: run 1, resume 1, restart 1, reuse 1, skip 2: about (\S+) CPU-h still needed by the 3 "
+    m = re.fullmatch(r"in all: run 1, resume 1, restart 1, reuse 1, keep 0, skip 2: about (\S+) CPU-h still needed by the 3 "
                      r"runs with an estimate", out[-1])
     assert m, out[-1]
     assert float(m.group(1)) == pytest.approx(sum(hours.values()), rel=0.06)
@@ -297,7 +297,7 @@ def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
     assert "seed 4 -> " not in real.out and "seed 5 -> " not in real.out  # refused before it said it would run
     assert main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "in all: run 0, resume 0, restart 0, reuse 4, skip 2: about 0 CPU-h still needed by the 0 runs " \
+    assert out[-1] == "in all: run 0, resume 0, restart 0, reuse 4, keep 0, skip 2: about 0 CPU-h still needed by the 0 runs " \
                       "with an estimate"
 
 
@@ -566,3 +566,53 @@ def test_collect_keeps_a_single_seed_cell_beside_new_seeds(
     assert row[4].startswith(f"{statistics.mean(nums):.2f} ± {statistics.stdev(nums):.2f}")
     from lowband.reproduce import kept_seeds
     assert kept_seeds("0: n/a (reference not run)", "3/3", set()) == {}
+
+
+def test_a_run_whose_values_the_table_keeps_is_not_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Run folders gone (a new machine) while the table at --out keeps their values: the same
+    command again used to make every such run anew, spending its hours on cells that have
+    their number before reaching the empty ones. Now it *keeps* them (dry run and real run
+    alike) and times what it still runs on the table's record; ``--remake-kept`` makes them
+    again, and a cell added since (nothing of it in the table) has its run made."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1])
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    before = _row(table, "t/acc")
+    shutil.rmtree(tmp_path / "runs" / "toy" / "seed-1")  # seed 1 gone, seed 0 on disk
+    capsys.readouterr()
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(x.startswith("  would keep    papers/toy/dfedavg.toml seed 1 -> runs/toy/seed-1: the table holds "
+                            "its values at round 2") for x in out), out
+    assert "reuse 1, keep 1, skip 0: about 0 CPU-h" in out[-1]
+    assert main(args) == 0
+    assert "  keep    papers/toy/dfedavg.toml seed 1: " in capsys.readouterr().out
+    assert not (tmp_path / "runs" / "toy" / "seed-1").exists()  # not made again
+    assert _row(table, "t/acc")[4] == before[4] and "seed 1 kept from the previous table" in _row(table, "t/acc")[6]
+    # every folder gone and a longer config: the values are from fewer rounds than asked, so
+    # the runs are made, timed on what the table recorded (2 rounds' hours, 4 rounds to go)
+    shutil.rmtree(tmp_path / "runs")
+    note = next(x for x in table.read_text().splitlines() if x.startswith("- `t/acc`:"))
+    hours = [float(h) for h in re.findall(r"\(([0-9.e-]+) CPU-h\)", note)]
+    assert main([*args, "--rounds", "4", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = next(x for x in out if "seed 0 -> runs/toy (" in x)
+    m = re.search(r"\(4 rounds; about (\S+) CPU-h left, timed on the table's record of seeds 0, 1\)", line)
+    assert m, line
+    assert float(m.group(1)) == pytest.approx(float(f"{4 * sum(hours) / 4:.2g}"), rel=0.01)
+    # --remake-kept runs them again
+    assert main([*args, "--remake-kept", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "run 2, resume 0, restart 0, reuse 0, keep 0" in out[-1]
+    # a cell added since: nothing of it in the table, so its config's runs are made
+    exp = papers / "toy" / "reproduce.toml"
+    spec = tomllib.loads(exp.read_text())
+    spec["run"].append({"id": "t/loss", "table": "t", "config": "dfedavg.toml", "metric": "consensus/loss"})
+    exp.write_text(tomli_w.dumps(spec))
+    assert main([*args, "--dry-run"]) == 0
+    assert "run 2, resume 0, restart 0, reuse 0, keep 0" in capsys.readouterr().out.splitlines()[-1]

@@ -273,7 +273,53 @@ def run_plan(cells: list[Cell], overrides: Optional[list[str]] = None) -> list[t
 
 
 #: what ``lowband reproduce`` does with one run folder (:func:`run_action`)
-Action = Literal["reuse", "resume", "restart", "run", "skip"]
+Action = Literal["reuse", "resume", "restart", "run", "keep", "skip"]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the table being replaced holds of one seed run of a config: the round its
+    values are from (``rounds``, of ``planned``) and its CPU-hours where recorded. Read by
+    :func:`recorded_runs` for runs whose folders are gone."""
+
+    rounds: int
+    planned: int
+    cpu_hours: Optional[float] = None
+
+
+def recorded_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"], config: str,
+                  overrides: list[str]) -> dict[int, Recorded]:
+    """seed -> :class:`Recorded` for each seed of ``config`` that every cell of ``config``
+    among ``cells`` holds a value of in ``previous`` (the table at ``--out``; see
+    :func:`previous_cells`), from ``config``'s own run folder. A cell added since, or one
+    without a value for the seed, leaves the seed out: it has something to measure."""
+    mine = [c for c in cells if c.config == config]
+    found: list[dict[int, KeptSeed]] = []
+    planned = 0
+    for c in mine:
+        if c.id not in previous or not _same_run(previous[c.id][2], config, overrides):
+            return {}
+        ours, rounds, where = previous[c.id]
+        note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
+        if not note and " seeds " not in where.split("`")[-1]:
+            spent = _CPU_H.search(where)
+            note = f"{config_seed(config, overrides)}: {ours}" + (f" ({spent.group(2)} CPU-h)" if spent else "")
+        ks = kept_seeds(note, rounds, set())
+        spent = _CPU_H.search(where)
+        if ks and spent and all(k.cpu_hours is None for k in ks.values()):
+            # a table from before per-seed compute: the cell's hours shared evenly (for estimates)
+            held = _HELD.search(where)
+            total = float(spent.group(2)) + (float(held.group(3)) if held and held.group(3) else 0.0)
+            ks = {s: replace(k, cpu_hours=total / len(ks)) for s, k in ks.items()}
+        found.append(ks)
+        of = re.match(r"(?:\d+-)?\d+/(\d+)", rounds.strip())
+        planned = max(planned, int(of.group(1)) if of else 0)
+    if not found:
+        return {}
+    common = set.intersection(*(set(k) for k in found))
+    return {s: Recorded(min(k[s].rounds for k in found), planned,
+                        next((k[s].cpu_hours for k in found if k[s].cpu_hours is not None), None))
+            for s in sorted(common)}
 
 
 @dataclass(frozen=True)
@@ -290,14 +336,18 @@ class Planned:
     reason: str = ""
 
 
-def run_action(config: str, overrides: list[str], seed: Optional[int] = None) -> Planned:
+def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
+               recorded: Optional[Recorded] = None) -> Planned:
     """Decide what :func:`run_config` does with ``config`` (with ``seed``: in that seed's
     folder, see :func:`seed_overrides`), reading the run folder and writing nothing, so a
     dry run and a real run cannot disagree: ``reuse`` a finished run (summary.json with
     enough rounds), ``resume`` one with a checkpoint, ``restart`` one with a config.toml
     and no checkpoint (killed before its first one: it runs again from round 0), ``run`` a
-    new one, and ``skip`` a folder lowband would refuse (a run of another config, files it
-    did not write): :meth:`RunLog.check`, the check a run makes before it writes."""
+    new one, ``keep`` one whose folder is gone while the table being replaced holds its
+    values at the rounds asked (``recorded``: see :func:`recorded_runs`; the table keeps
+    them, so making the run again would spend its hours on cells that have their number),
+    and ``skip`` a folder lowband would refuse (a run of another config, files it did not
+    write): :meth:`RunLog.check`, the check a run makes before it writes."""
     from lowband.engine.runlog import RunDirError, RunLog
 
     exp = load_experiment(config, seed_overrides(config, overrides, seed))
@@ -316,10 +366,19 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None) ->
         log = RunLog.check(exp, resume=started)
     except RunDirError as exc:
         return Planned("skip", exp, rd, reason=str(exc))
+    if not started and recorded is not None and recorded.rounds >= exp.rounds:
+        return Planned("keep", exp, rd, recorded.rounds,
+                       reason=f"the table holds its values at round {recorded.rounds} from a run folder no longer here "
+                              f"(--remake-kept makes it again)")
     if not started:
         return Planned("run", exp, rd)
     # (restart: killed before its first checkpoint, or run without checkpoints)
     return Planned("resume" if log.ckpt_path.exists() else "restart", exp, rd, log.completed_rounds())
+
+
+def _seed_of(config: str, overrides: list[str], seed: Optional[int]) -> int:
+    """The seed a planned run uses: ``seed``, or the config's own where the plan gives none."""
+    return config_seed(config, overrides) if seed is None else seed
 
 
 def run_name(config: str, seed: Optional[int]) -> str:
@@ -327,7 +386,8 @@ def run_name(config: str, seed: Optional[int]) -> str:
     return short(config) + ("" if seed is None else f" seed {seed}")
 
 
-def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None) -> Optional[str]:
+def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None,
+               recorded: Optional[Recorded] = None) -> Optional[str]:
     """Run, resume or reuse one config (with ``seed``: in that seed's folder, see
     :func:`seed_overrides`), as :func:`run_action` decides; returns its run folder (None
     when it was skipped).
@@ -336,14 +396,18 @@ def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: O
     resumes from it (``--rounds`` may extend it); one killed before its first checkpoint
     restarts from round 0 in the same folder (the rounds it had logged are deterministic
     and come out identical). A folder saved with another config is left alone (skipped,
-    with the reason on stderr), before any data is loaded."""
+    with the reason on stderr), before any data is loaded. A run whose folder is gone while
+    the table keeps its values (``recorded``) is kept, not made again."""
     from lowband.engine.runlog import RunDirError
     from lowband.engine.simulator import Simulation
 
-    plan = run_action(config, overrides, seed)
+    plan = run_action(config, overrides, seed, recorded)
     name = run_name(config, seed)
     if plan.action == "reuse":
         print(f"  reuse   {name} -> {plan.dir} ({plan.done} rounds)")
+        return str(plan.dir)
+    if plan.action == "keep":
+        print(f"  keep    {name}: {plan.reason}")
         return str(plan.dir)
     if plan.action == "skip":
         print(f"  skip    {name}: {plan.reason}", file=sys.stderr, flush=True)
@@ -1040,11 +1104,12 @@ def rounds_to_go(plan: Planned) -> int:
     return max(plan.exp.rounds - plan.done, 0) if plan.action == "resume" else plan.exp.rounds
 
 
-def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
+def estimate(plan: Planned, runs: dict[int, RunData], recorded: Optional[dict[int, Recorded]] = None) -> Estimate:
     """What ``plan`` still costs (:class:`Estimate`), timed on its own folder's logged
     rounds (a resume or restart), else on the other seed runs of its config (``runs``, from
     :func:`seed_data`), counting only runs made on the kind of device ``plan`` runs on: a
-    GPU's rounds say nothing of a core's."""
+    GPU's rounds say nothing of a core's; else (a CPU run) on the CPU-hours the table being
+    replaced records for the config's runs whose folders are gone (``recorded``)."""
     gpu = not on_cpu(plan.exp.device)
     here = plan.dir.resolve()
     own = [d for d in runs.values() if d.dir.resolve() == here]
@@ -1060,6 +1125,12 @@ def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
         return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
     if any(d.timing for d in runs.values()):
         return Estimate(None, gpu, f"this config has run here only on {'the CPU' if gpu else 'a GPU'}")
+    timed_r = {s: r for s, r in (recorded or {}).items() if r.cpu_hours is not None and r.rounds}
+    if timed_r and not gpu:
+        per_round = sum(r.cpu_hours or 0.0 for r in timed_r.values()) / sum(r.rounds for r in timed_r.values())
+        seeds = ", ".join(str(s) for s in timed_r)
+        return Estimate(rounds_to_go(plan) * per_round, gpu,
+                        f"timed on the table's record of seed{'s' if len(timed_r) > 1 else ''} {seeds}")
     return Estimate(None, gpu, "nothing of this config has run here")
 
 
@@ -1072,7 +1143,7 @@ def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
     """One ``--dry-run`` line: ``would ACTION NAME -> FOLDER (done/planned rounds; cost)``
     (``est``: see :func:`estimate`; a skip gives its reason instead)."""
     head = f"  would {plan.action:<7} {name} -> {plan.dir}"
-    if plan.action == "skip":
+    if plan.action in ("skip", "keep"):
         return f"{head}: {plan.reason}"
     planned = plan.exp.rounds
     if plan.action == "reuse":
@@ -1087,24 +1158,28 @@ def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
     return f"{head} ({rounds}; {cost})"
 
 
-def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str]) -> list[str]:
+def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str],
+            recorded: Optional[dict[str, dict[int, Recorded]]] = None, remake_kept: bool = False) -> list[str]:
     """The lines ``--dry-run`` prints: for each planned (config, seed), what a real run would
-    do with it (:func:`run_action`, the decision :func:`run_config` acts on), its rounds and
-    the hours it still needs (:func:`estimate`); then one line with the count of each action
-    and the total estimate. Reads the run folders, writes nothing."""
+    do with it (:func:`run_action`, the decision :func:`run_config` acts on; ``recorded``:
+    config -> :func:`recorded_runs`, used for ``keep`` unless ``remake_kept``), its rounds
+    and the hours it still needs (:func:`estimate`); then one line with the count of each
+    action and the total estimate. Reads the run folders, writes nothing."""
+    recorded = recorded or {}
     cache: dict[str, dict[int, RunData]] = {}
     counts: dict[str, int] = dict.fromkeys(get_args(Action), 0)
     cpu_h = gpu_h = 0.0
     unknown = one_core = 0
     lines = []
     for cfg, seed in plan:
-        p = run_action(cfg, overrides, seed)
+        rec = recorded.get(cfg, {})
+        p = run_action(cfg, overrides, seed, None if remake_kept else rec.get(_seed_of(cfg, overrides, seed)))
         counts[p.action] += 1
         est = None
         if p.action in ("run", "resume", "restart"):
             if cfg not in cache:
                 cache[cfg] = seed_data(cfg, overrides)
-            est = estimate(p, cache[cfg])
+            est = estimate(p, cache[cfg], rec)
             if est.hours is None:
                 unknown += 1
             elif est.gpu:
@@ -1115,7 +1190,8 @@ def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str]) -> list
         lines.append(dry_run_line(p, run_name(cfg, seed), est))
     to_make = counts["run"] + counts["resume"] + counts["restart"]
     total = (f"in all: run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
-             f"reuse {counts['reuse']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h still needed")
+             f"reuse {counts['reuse']}, keep {counts['keep']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h "
+             f"still needed")
     if gpu_h:
         total += f" and {_hours(gpu_h)} GPU-h on a GPU (not counted as CPU-h)"
     total += f" by the {to_make - unknown} runs with an estimate"
@@ -1150,17 +1226,21 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"lowband reproduce {args.paper}: {len(cells)} cells from {len(configs)} configs"
           + (f" ({len(plan)} runs with the seeds)" if extra else "")
           + f" ({where / args.paper / 'reproduce.toml'})")
+    out = output_path(args.out, args.paper)
+    previous = previous_cells(out)
+    # the runs whose values the table at --out keeps from folders no longer here
+    recorded = {} if args.remake_kept else {cfg: recorded_runs(previous, cells, cfg, overrides) for cfg in configs}
     if args.dry_run:
-        print("\n".join(dry_run(plan, overrides)))
+        print("\n".join(dry_run(plan, overrides, recorded)))
         return 0
     skipped = 0
     if not args.collect:
         for cfg, seed in plan:
-            skipped += run_config(cfg, overrides, seed=seed) is None
+            rec = recorded.get(cfg, {}).get(_seed_of(cfg, overrides, seed))
+            skipped += run_config(cfg, overrides, seed=seed, recorded=rec) is None
     command = "lowband reproduce " + " ".join(a for a in sys.argv[2:]) if sys.argv[1:2] == ["reproduce"] \
         else f"lowband reproduce {args.paper}"
-    out = output_path(args.out, args.paper)
-    md = table_markdown(args.paper, cells, overrides, command, previous_cells(out))
+    md = table_markdown(args.paper, cells, overrides, command, previous)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md + "\n")
     print(md)
@@ -1184,6 +1264,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--collect", action="store_true", help="run nothing; tabulate the runs that exist")
     p.add_argument("--dry-run", action="store_true", help="run nothing; say what each run would do (run, resume, "
                                                           "restart, reuse or skip), its rounds and the CPU-hours left")
+    p.add_argument("--remake-kept", action="store_true",
+                   help="run again the runs whose values the table at --out keeps from run folders no longer here "
+                        "(by default they are kept, and only what the table lacks is run)")
     p.add_argument("--out", help="folder for PAPER_table.md, or a .md file (default results/; "
                                  "e.g. --out docs/results to update a checkout's results pages)")
     p.add_argument("--experiments", help="folder of papers to use instead of ./experiments and the shipped copy")
