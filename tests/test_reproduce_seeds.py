@@ -616,3 +616,40 @@ def test_a_run_whose_values_the_table_keeps_is_not_made_again(
     exp.write_text(tomli_w.dumps(spec))
     assert main([*args, "--dry-run"]) == 0
     assert "run 2, resume 0, restart 0, reuse 0, keep 0" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_value_kept_after_its_config_changed_is_neither_kept_nor_a_reason_not_to_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The table records each run folder's config fingerprint. A config edited after its
+    folder was removed (same name, so the same folder) used to keep the old config's value
+    in the table, and the run would not be made again: now the cell empties with a
+    warning and the run is planned. A table from before fingerprints keeps its values."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    assert table.read_text().rstrip().splitlines()[-1].startswith('<!-- lowband config fingerprints: {"toy": "')
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--collect"]) == 0  # same config: kept, fingerprint carried along
+    assert "kept from the previous table" in _row(table, "t/acc")[6]
+    assert '{"toy": "' in table.read_text()
+    cfg = papers / "toy" / "dfedavg.toml"
+    spec = tomllib.loads(cfg.read_text())
+    spec["algorithm"]["lr"] = 2 * spec["algorithm"].get("lr", 0.05)
+    legacy = table.read_text()
+    cfg.write_text(tomli_w.dumps(spec))
+    capsys.readouterr()
+    assert main([*args, "--dry-run"]) == 0
+    assert "in all: run 1, resume 0, restart 0, reuse 0, keep 0" in capsys.readouterr().out
+    assert main([*args, "--collect"]) == 0
+    err = capsys.readouterr().err
+    assert "t/acc: the previous table's value was measured under another version of" in err
+    assert _row(table, "t/acc")[4] == "" and "config changed since" in _row(table, "t/acc")[6]
+    # a table without fingerprints (written before them): its values are kept as before
+    table.write_text("\n".join(x for x in legacy.splitlines() if "fingerprints" not in x) + "\n")
+    assert main([*args, "--collect"]) == 0
+    assert "kept from the previous table" in _row(table, "t/acc")[6]
+    assert "fingerprints" not in table.read_text()  # not passed off as today's config

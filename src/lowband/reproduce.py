@@ -294,6 +294,8 @@ def recorded_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"]
     :func:`previous_cells`), from ``config``'s own run folder. A cell added since, or one
     without a value for the seed, leaves the seed out: it has something to measure."""
     mine = [c for c in cells if c.config == config]
+    if mine and changed_since(previous, config, overrides):
+        return {}  # its values were measured under another config: they are no reason not to run it
     found: list[dict[int, KeptSeed]] = []
     planned = 0
     for c in mine:
@@ -929,6 +931,35 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
     return line
 
 
+#: the key prefix under which :func:`previous_cells` returns a run folder's config fingerprint
+FINGERPRINT = "fingerprint/"
+
+
+def config_fingerprint(config: str, overrides: list[str]) -> str:
+    """A short digest of what makes ``config``'s runs comparable (its settings with every
+    hyperparameter resolved, less what a resume may change, the seed and the folder: the
+    comparison :func:`_stale` makes). A table records it for each run folder whose values
+    it holds, so a value kept after its folder is gone is kept only while the config is
+    still the one that measured it."""
+    import hashlib
+
+    from lowband.engine.runlog import _comparable
+
+    exp = load_experiment(config, overrides)
+    d = json.loads(_comparable(exp.to_toml()))
+    for key in ("seed", "out_dir", "name"):
+        d.pop(key, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def changed_since(previous: dict[str, tuple[str, str, str]], config: str, overrides: list[str]) -> bool:
+    """Whether the table being replaced (``previous``) recorded ``config``'s run folder under
+    another config fingerprint than today's (False where it recorded none: a table from
+    before fingerprints)."""
+    then = previous.get(f"{FINGERPRINT}{load_experiment(config, overrides).run_dir().name}")
+    return then is not None and then[2] != config_fingerprint(config, overrides)
+
+
 def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
     """cell id -> (ours, rounds, run) of the rows of an earlier table at ``path`` that hold
     a value (empty when there is none), with their per-seed values (``seeds/<id>`` ->
@@ -937,6 +968,16 @@ def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
     if not path.is_file():
         return out
     for line in path.read_text(errors="replace").splitlines():
+        fp = re.fullmatch(r"<!-- lowband config fingerprints: (\{.*\}) -->", line.strip())
+        if fp:
+            try:
+                prints = json.loads(fp.group(1))
+            except ValueError:
+                prints = {}
+            for folder, digest in (prints.items() if isinstance(prints, dict) else ()):
+                if isinstance(folder, str) and isinstance(digest, str):
+                    out[f"{FINGERPRINT}{folder}"] = ("", "", digest)
+            continue
         m = re.match(r"- `([^`]+)`: (.+)$", line.strip())
         if m:
             out[f"seeds/{m.group(1)}"] = ("", "", m.group(2))
@@ -996,6 +1037,7 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
     for c in cells:
         tables.setdefault(c.table, []).append(c)
     kept: dict[str, str] = {}
+    prints: dict[str, str] = {}
     body: list[str] = []
     # a seed's compute as any cell of its config recorded it (every cell of a config lists
     # the same runs; a table written before per-seed compute existed may have it in one)
@@ -1019,6 +1061,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 print(f"  warning: {c.id}: the previous table's value came from another run folder than "
                       f"{c.config}'s; not kept", file=sys.stderr)
                 ours, rounds, where = "", "", "not run"
+            elif not runs and c.id in previous and changed_since(previous, c.config, overrides):
+                print(f"  warning: {c.id}: the previous table's value was measured under another version of "
+                      f"{c.config} (its settings changed since); not kept", file=sys.stderr)
+                ours, rounds, where = "", "", "not run (the config changed since the value the table had)"
             elif not runs and c.id in previous:
                 ours, rounds, where = previous[c.id]
                 if "kept from the previous table" not in where:
@@ -1030,7 +1076,8 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 ours, rounds, where = "", "", "not run"
             else:
                 held = {}
-                if c.id in previous and _same_run(previous[c.id][2], c.config, overrides):
+                if c.id in previous and _same_run(previous[c.id][2], c.config, overrides) \
+                        and not changed_since(previous, c.config, overrides):
                     note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
                     if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
                         # one seed then (no per-seed list): the config's own seed, its compute the cell's
@@ -1061,6 +1108,13 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                     notes.append(f"- `{c.id}`: {', '.join(t + spent[s] for s, t in zip(sorted(every), per_seed))}")
             if _HELD.search(where):
                 kept[f"{c.id}#kept-seeds"] = where  # the held seeds' compute, read by compute_line
+            if ours:  # the config its values are of: today's for runs on disk, the earlier table's for kept ones
+                folder = load_experiment(c.config, overrides).run_dir().name
+                then = previous.get(f"{FINGERPRINT}{folder}")
+                if runs:
+                    prints[folder] = config_fingerprint(c.config, overrides)
+                elif then:  # a value kept from a table without fingerprints stays of an unknown config
+                    prints[folder] = then[2]
             body.append(f"| {c.id} | {c.row} | {c.metric} | {paper_s} | {ours} | {rounds} | {where} |")
         if notes:
             body += ["", "Per seed (seed: value) of the cells with several seeds:", "", *notes]
@@ -1075,6 +1129,8 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
              f"reached (the median of its last {DECAY_WINDOW} evaluations against the best such median: the "
              f"run-time warning's rule): *ours* is still the value at the cell's round.", "",
              compute_line([d for cfg in configs for d in data(cfg).values()], len(configs), kept), "", *body]
+    if prints:  # read back by the next collect (previous_cells), invisible where the page is rendered
+        lines.append(f"<!-- lowband config fingerprints: {json.dumps(dict(sorted(prints.items())))} -->")
     return "\n".join(lines)
 
 
