@@ -653,3 +653,19 @@ def test_a_value_kept_after_its_config_changed_is_neither_kept_nor_a_reason_not_
     assert main([*args, "--collect"]) == 0
     assert "kept from the previous table" in _row(table, "t/acc")[6]
     assert "fingerprints" not in table.read_text()  # not passed off as today's config
+
+
+def test_a_reference_run_is_kept_only_while_the_cells_that_use_it_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config other cells divide by (``reference``) must be made again when one of those
+    cells' own runs is: keeping the reference would leave that cell "n/a"."""
+    from lowband import reproduce
+    from lowband.reproduce import Cell, Recorded, kept_runs
+
+    rec = Recorded(30, 30, 1.0)
+    table = {"ref.toml": {0: rec, 1: rec}, "a.toml": {0: rec}, "b.toml": {0: rec, 1: rec}}
+    monkeypatch.setattr(reproduce, "recorded_runs", lambda previous, cells, cfg, overrides: table[cfg])
+    cells = [Cell("r", "t", "ref.toml", "consensus/acc"), Cell("a", "t", "a.toml", "comm_reduction", reference="ref.toml"),
+             Cell("b", "t", "b.toml", "consensus/acc")]
+    out = kept_runs({}, cells, ["ref.toml", "a.toml", "b.toml"], [])
+    assert sorted(out["ref.toml"]) == [0]  # seed 1 of a.toml is made again, so is the reference's seed 1
+    assert sorted(out["b.toml"]) == [0, 1]

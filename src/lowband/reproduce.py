@@ -378,6 +378,20 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
     return Planned("resume" if log.ckpt_path.exists() else "restart", exp, rd, log.completed_rounds())
 
 
+def kept_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"], configs: list[str],
+              overrides: list[str]) -> dict[str, dict[int, Recorded]]:
+    """config -> :func:`recorded_runs` for every config of ``cells``, where a config that
+    other cells use as their ``reference`` keeps a seed only while each such cell's own
+    config keeps it too: a referring cell that is measured again needs its reference's run
+    (a kept reference would leave it "n/a")."""
+    out = {cfg: recorded_runs(previous, cells, cfg, overrides) for cfg in configs}
+    for cfg in configs:
+        users = {c.config for c in cells if c.reference == cfg}
+        for user in users:
+            out[cfg] = {s: r for s, r in out[cfg].items() if s in out.get(user, {})}
+    return out
+
+
 def _seed_of(config: str, overrides: list[str], seed: Optional[int]) -> int:
     """The seed a planned run uses: ``seed``, or the config's own where the plan gives none."""
     return config_seed(config, overrides) if seed is None else seed
@@ -1285,7 +1299,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = output_path(args.out, args.paper)
     previous = previous_cells(out)
     # the runs whose values the table at --out keeps from folders no longer here
-    recorded = {} if args.remake_kept else {cfg: recorded_runs(previous, cells, cfg, overrides) for cfg in configs}
+    recorded = {} if args.remake_kept else kept_runs(previous, cells, configs, overrides)
     if args.dry_run:
         print("\n".join(dry_run(plan, overrides, recorded)))
         return 0
