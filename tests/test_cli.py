@@ -358,6 +358,26 @@ def test_resume_extends_a_run_to_the_identical_result(capsys, tmp_path: Path) ->
     assert json.loads((a / "summary.json").read_text())["rounds_completed"] == 3
 
 
+def test_a_resumed_run_killed_midway_leaves_no_finished_summary(capsys, tmp_path: Path, monkeypatch) -> None:
+    """A run restarted or extended in place used to keep its old summary.json until it ended:
+    killed midway, the folder said "finished, N rounds" over a log cut back to fewer (a
+    restart truncates it), so a table called its rounds lost and a reproduce reused it."""
+    from lowband.engine.simulator import Simulation
+
+    p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedavg", rounds=3))
+    a = tmp_path / "a"
+    assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--quiet")[0] == 0
+    assert (a / "summary.json").exists()
+    (a / "checkpoint.pt").unlink()  # a restart from round 0
+
+    def killed(self, r, plan):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Simulation, "_evaluate", killed)
+    assert cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")[0] != 0  # interrupted
+    assert not (a / "summary.json").exists()
+
+
 def test_resume_accepts_a_run_saved_before_a_schema_key_was_added(capsys, tmp_path: Path) -> None:
     """A run saved by an older lowband lacks keys added since (with defaults): --resume
     fills them in before comparing, so it still continues the run."""

@@ -433,6 +433,10 @@ class Simulation:
     def _run(self) -> RunResult:
         exp = self.exp
         log = RunLog.open(exp, resume=self.resume) if self.write else None
+        if log is not None and self.resume:
+            # no longer a finished run (a restart rewrites its rounds, an extension adds some):
+            # a summary left from before would call it finished, and its rounds lost while it runs
+            log.summary_path.unlink(missing_ok=True)
         start = 0
         ckpt = log.load_checkpoint() if (log is not None and self.resume) else None
         if ckpt is not None:
