@@ -333,6 +333,14 @@ def test_resume_does_not_care_how_the_config_named_the_folder(capsys, tmp_path: 
     assert cli(capsys, "run", p, "rounds=1", f"out_dir={default}", "--quiet")[0] == 0
     assert cli(capsys, "run", p, "rounds=2", "--resume", "--quiet")[0] == 0
     assert json.loads((default / "summary.json").read_text())["rounds_completed"] == 2
+    # nor where the dataset files are read from (a new machine keeps them elsewhere)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    assert cli(capsys, "run", p, "rounds=1", f"data.data_dir={tmp_path / 'd1'}", "out_dir=b", "--quiet")[0] == 0
+    assert cli(capsys, "run", p, "rounds=2", f"data.data_dir={tmp_path / 'd2'}", "out_dir=b", "--resume",
+               "--quiet")[0] == 0
+    from lowband.reproduce import config_fingerprint
+    assert config_fingerprint(str(p), [f"data.data_dir={tmp_path / 'd1'}"]) == config_fingerprint(str(p), [])
 
 
 def test_resume_extends_a_run_to_the_identical_result(capsys, tmp_path: Path) -> None:

@@ -304,11 +304,10 @@ def recorded_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"]
         ours, rounds, where = previous[c.id]
         note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
         if not note and " seeds " not in where.split("`")[-1]:
-            spent = _CPU_H.search(where)
-            note = f"{config_seed(config, overrides)}: {ours}" + (f" ({spent.group(2)} CPU-h)" if spent else "")
+            note = f"{config_seed(config, overrides)}: {ours}{_one_seed_compute(where)}"
         ks = kept_seeds(note, rounds, set())
         spent = _CPU_H.search(where)
-        if ks and spent and all(k.cpu_hours is None for k in ks.values()):
+        if ks and spent and "GPU-h" not in where and all(k.cpu_hours is None for k in ks.values()):
             # a table from before per-seed compute: the cell's hours shared evenly (for estimates)
             held = _HELD.search(where)
             total = float(spent.group(2)) + (float(held.group(3)) if held and held.group(3) else 0.0)
@@ -368,7 +367,7 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
         log = RunLog.check(exp, resume=started)
     except RunDirError as exc:
         return Planned("skip", exp, rd, reason=str(exc))
-    if not started and recorded is not None and recorded.rounds >= exp.rounds:
+    if not started and _keeps(recorded, exp):
         return Planned("keep", exp, rd, recorded.rounds,
                        reason=f"the table holds its values at round {recorded.rounds} from a run folder no longer here "
                               f"(--remake-kept makes it again)")
@@ -381,15 +380,40 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
 def kept_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"], configs: list[str],
               overrides: list[str]) -> dict[str, dict[int, Recorded]]:
     """config -> :func:`recorded_runs` for every config of ``cells``, where a config that
-    other cells use as their ``reference`` keeps a seed only while each such cell's own
-    config keeps it too: a referring cell that is measured again needs its reference's run
-    (a kept reference would leave it "n/a")."""
+    other cells use as their ``reference`` keeps nothing while any such cell's own config
+    is measured again (:func:`_measured_again`: a run of it on disk, or one to make): the
+    table then computes that cell from its runs, each divided by the reference's run (its
+    own seed serves every seed), and a kept reference would leave it "n/a"."""
     out = {cfg: recorded_runs(previous, cells, cfg, overrides) for cfg in configs}
-    for cfg in configs:
-        users = {c.config for c in cells if c.reference == cfg}
-        for user in users:
-            out[cfg] = {s: r for s, r in out[cfg].items() if s in out.get(user, {})}
+    changed = True
+    while changed:  # a reference made again may itself be another cell's config: to a fixed point
+        changed = False
+        for cfg in configs:
+            if out[cfg] and any(_measured_again(cells, c.config, out.get(c.config, {}), overrides)
+                                for c in cells if c.reference == cfg):
+                out[cfg], changed = {}, True
     return out
+
+
+def _keeps(recorded: Optional[Recorded], exp: Experiment) -> bool:
+    """Whether the table's ``recorded`` values of a run are those of ``exp`` at its rounds:
+    from the rounds asked, no fewer (a run under way) and no more (a run folder extended
+    past them is read at them too, :func:`run_data_at`; ``--rounds`` shorter than the
+    table's measures another number)."""
+    return recorded is not None and recorded.rounds == exp.rounds
+
+
+def _measured_again(cells: list["Cell"], config: str, recorded: dict[int, Recorded], overrides: list[str]) -> bool:
+    """Whether the table computes ``config``'s cells from runs rather than keeping them:
+    a run folder of it holds a log, or a run of it planned is not kept (``recorded``)."""
+    if left_out_seeds(config, overrides, {}):  # (every folder with a log, none loaded)
+        return True
+    for cfg, seed in run_plan([c for c in cells if c.config == config], overrides):
+        if cfg == config:
+            exp = load_experiment(cfg, seed_overrides(cfg, overrides, seed))
+            if not _keeps(recorded.get(_seed_of(cfg, overrides, seed)), exp):
+                return True
+    return False
 
 
 def _seed_of(config: str, overrides: list[str], seed: Optional[int]) -> int:
@@ -879,6 +903,17 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData],
 _CPU_H = re.compile(r"`([^`]+)`[^`]*?\(([0-9.eE+-]+) CPU-h[);]")
 
 
+def _one_seed_compute(where: str) -> str:
+    """The per-seed suffix (:func:`seed_compute`) of the one run of a one-seed cell, read
+    from its *run* column ``where``: its GPU-hours where it ran on a GPU (the column's CPU-h
+    are then 0, not its compute), else its CPU-hours; "" where neither is recorded."""
+    gpu = re.search(r"; ([0-9.eE+-]+) GPU-h for 1 run on a GPU", where)
+    if gpu:
+        return f" ({gpu.group(1)} GPU-h)"
+    spent = _CPU_H.search(where)
+    return f" ({spent.group(2)} CPU-h)" if spent else ""
+
+
 _HELD = re.compile(r"`([^`]+)`.*\(seeds? ([0-9, ]+) kept from the previous table: run folder not found"
                    r"(?:; ([0-9.eE+-]+) CPU-h)?(?:, (\d+) not recorded)?(; compute not recorded)?\)")
 
@@ -924,8 +959,10 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
                 key = f"{held.group(1)} seeds {held.group(2)}"
                 if held.group(3):
                     recorded.setdefault(key, float(held.group(3)))
-                if held.group(5) or held.group(4):
-                    missing.add(key)
+                # each seed without recorded hours (none said: a table from before per-seed compute)
+                unknown = int(held.group(4)) if held.group(4) else 0 if held.group(3) else len(
+                    re.findall(r"\d+", held.group(2)))
+                missing.update(f"{key} #{i}" for i in range(unknown))
                 if cell.endswith("#kept-seeds"):
                     continue
             hits = _CPU_H.findall(where)
@@ -1091,13 +1128,20 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             else:
                 held = {}
                 if c.id in previous and _same_run(previous[c.id][2], c.config, overrides) \
-                        and not changed_since(previous, c.config, overrides):
+                        and changed_since(previous, c.config, overrides):
+                    gone = kept_seeds(previous.get(f"seeds/{c.id}", ("", "", ""))[2] or
+                                      f"{config_seed(c.config, overrides)}: {previous[c.id][0]}",
+                                      previous[c.id][1], set(runs) | set(left_out))
+                    if gone:
+                        print(f"  warning: {c.id}: the previous table's value of seed "
+                              f"{', '.join(str(s) for s in gone)} was measured under another version of {c.config} "
+                              f"(its settings changed since); not kept", file=sys.stderr)
+                elif c.id in previous and _same_run(previous[c.id][2], c.config, overrides):
                     note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
                     if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
                         # one seed then (no per-seed list): the config's own seed, its compute the cell's
-                        spent = _CPU_H.search(previous[c.id][2])
-                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}" + (
-                            f" ({spent.group(2)} CPU-h)" if spent else "")
+                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}" \
+                               f"{_one_seed_compute(previous[c.id][2])}"
                     held = {s: k if k.cpu_hours is not None else replace(k, cpu_hours=seed_hours.get((c.config, s)))
                             for s, k in kept_seeds(note, previous[c.id][1], set(runs) | set(left_out)).items()}
                 ours, per_seed = seeds_value(c, runs, refs, held)

@@ -125,7 +125,7 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
     floating-point results may differ between devices), the extra outputs (``log``) and
     ``out_dir`` (the folder compared *is* the run's folder, however a config names it: a run
     made with ``out_dir=R`` and the same config run without it into its default folder ``R``
-    are one run).
+    are one run) and ``data.data_dir`` (where the dataset files are read from).
     ``[algorithm]`` compares as the hyperparameters resolved (defaults included):
     ``hyperparams`` (what a run saved in :data:`HYPERPARAMS_NAME`), else today's defaults."""
     import tomllib
@@ -142,6 +142,8 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
         pass
     for key in ("rounds", "executor", "ray_address", "ray_workers", "ray_num_cpus", "device", "log", "out_dir"):
         d.pop(key, None)
+    if isinstance(d.get("data"), dict):  # where the dataset files are read from, like $LOWBAND_DATA (not
+        d["data"].pop("data_dir", None)  # recorded at all): a new machine keeps them elsewhere
     if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
         d["engine"].pop("workers", None)
         if not d["engine"]:
@@ -265,7 +267,7 @@ class RunLog:
             if changed:
                 raise RunDirError(
                     f"--resume: the config differs from the one saved in {log.config_path}: {changed} (only 'rounds', "
-                    f"'executor', 'ray_*', 'device', 'log' and 'engine.workers' may change; a value you did not set "
+                    f"'executor', 'ray_*', 'device', 'log', 'data.data_dir' and 'engine.workers' may change; a value you did not set "
                     f"means a default changed since the run started: set the one it started with); resume with the "
                     f"same config or choose another out_dir"
                 )
