@@ -533,6 +533,10 @@ def test_collect_keeps_a_gone_seed_beside_the_seeds_on_disk(
     assert sorted(kept) == [0, 3] and kept[0].value == 79.43 and kept[0].rounds == 30
     assert kept[3].value == 1234.5
     assert kept_seeds("0: > 30, 1: -", "30/30", set())[0].value is None and 1 not in kept_seeds("1: -", "3/3", set())
+    # a seed's compute suffix is not part of its value; a GPU run's hours are not CPU-hours
+    kept = kept_seeds("0: 82.50 (0.1 GPU-h), 1: > 30 (0.5 CPU-h)", "30/30", set())
+    assert (kept[0].text, kept[0].value, kept[0].cpu_hours, kept[0].spent) == ("82.50", 82.5, None, " (0.1 GPU-h)")
+    assert (kept[1].text, kept[1].value, kept[1].cpu_hours) == ("> 30", None, 0.5)
 
 
 def test_collect_keeps_a_single_seed_cell_beside_new_seeds(

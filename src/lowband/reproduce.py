@@ -818,10 +818,11 @@ class KeptSeed:
     text: str
     rounds: int
     cpu_hours: Optional[float] = None  #: the seed's compute as that table recorded it, if it did
+    spent: str = ""  #: that compute as the table wrote it (`` (0.81 CPU-h)``, `` (0.1 GPU-h)``)
 
 
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
-_SEED_CPU_H = re.compile(r" \(([0-9.eE+-]+) CPU-h\)$")
+_SEED_CPU_H = re.compile(r" \(([0-9.eE+-]+) ([CG])PU-h\)$")
 
 
 def seed_compute(d: RunData) -> str:
@@ -854,7 +855,8 @@ def kept_seeds(note: str, rounds: str, on_disk: set[int]) -> dict[int, KeptSeed]
         if num is None and not text.startswith(">"):  # "n/a (reference not run)": nothing measured
             continue
         out[s] = KeptSeed(float(num.group(0).replace(",", "")) if num else None, text, furthest,
-                          float(spent.group(1)) if spent else None)
+                          float(spent.group(1)) if spent and spent.group(2) == "C" else None,
+                          spent.group(0) if spent else "")
     return out
 
 
@@ -1162,7 +1164,8 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                     where += f" (seed {names} kept from the previous table: run folder not found{_held_compute(held)})"
                 if len(every) > 1 and ours:
                     spent = {s: seed_compute(d) for s, d in runs.items()} | {
-                        s: f" ({k.cpu_hours:.3g} CPU-h)" if k.cpu_hours is not None else "" for s, k in held.items()}
+                        s: k.spent or (f" ({k.cpu_hours:.3g} CPU-h)" if k.cpu_hours is not None else "")
+                        for s, k in held.items()}
                     notes.append(f"- `{c.id}`: {', '.join(t + spent[s] for s, t in zip(sorted(every), per_seed))}")
             if _HELD.search(where):
                 kept[f"{c.id}#kept-seeds"] = where  # the held seeds' compute, read by compute_line
