@@ -664,14 +664,13 @@ def test_a_reference_run_is_kept_only_while_the_cells_that_use_it_are(monkeypatc
     cells' own configs is measured again (a run on disk, or one to make): keeping the
     reference would leave that cell "n/a". Its own seed serves every seed of theirs, so it
     is all or nothing; a reference that is itself another cell's config passes it on."""
-    from lowband import reproduce
-    from lowband.reproduce import Cell, Recorded, kept_runs
+    from lowband.reproduce import Cell, Recorded, kept_runs, plan
 
     rec = Recorded(30, 30, 1.0)
     table = {"ref.toml": {0: rec, 1: rec}, "a.toml": {0: rec}, "b.toml": {0: rec, 1: rec}, "c.toml": {0: rec}}
     again = {"a.toml"}
-    monkeypatch.setattr(reproduce, "recorded_runs", lambda previous, cells, cfg, overrides: table[cfg])
-    monkeypatch.setattr(reproduce, "_measured_again", lambda cells, cfg, kept, overrides: cfg in again or not kept)
+    monkeypatch.setattr(plan, "recorded_runs", lambda previous, cells, cfg, overrides: table[cfg])
+    monkeypatch.setattr(plan, "_measured_again", lambda cells, cfg, kept, overrides: cfg in again or not kept)
     cells = [Cell("r", "t", "ref.toml", "consensus/acc"), Cell("a", "t", "a.toml", "comm_reduction", reference="ref.toml"),
              Cell("b", "t", "b.toml", "consensus/acc")]
     out = kept_runs({}, cells, ["ref.toml", "a.toml", "b.toml"], [])

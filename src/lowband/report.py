@@ -161,7 +161,7 @@ def fmt_mean_std(mean: Optional[float], std: Optional[float], *, pct: bool = Fal
 
 
 def mean_std_text(values: Sequence[Optional[float]], *, pct: bool = False, digits: int = 2) -> str:
-    """``mean ± std`` of the non-missing ``values`` (for tables over seeds; reproduce.py
+    """``mean ± std`` of the non-missing ``values`` (for tables over seeds; lowband.reproduce
     can call it with one value per seed); ``"-"`` when none."""
     from lowband.batch import stats
 

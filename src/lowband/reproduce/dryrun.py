@@ -1,0 +1,131 @@
+"""``lowband reproduce --dry-run``: what each planned run would do with its folder and the
+hours it still needs (:class:`Estimate`, :func:`estimate`), one line each and the totals
+(:func:`dry_run`); it runs and writes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, get_args
+
+from lowband.reproduce.plan import Action, Planned, Recorded, _seed_of, run_action, run_name
+from lowband.reproduce.rundata import RunData, on_cpu, seed_data
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The hours a planned run still needs: its rounds to go times the mean per-round time
+    (training + evaluation, as :attr:`RunData.seconds` counts them) of the runs it is timed
+    on, times their ``threads``: CPU-hours, or GPU-hours (``gpu``) for a run on a GPU.
+    ``hours`` None: nothing to time it on (``note`` says why); else ``note`` names the
+    other seeds it was timed on ("" for its own rounds), and ``one_core`` says that a run
+    timed had no ``threads`` set and counts as one core (as in the table's compute line)."""
+
+    hours: Optional[float]
+    gpu: bool
+    note: str = ""
+    one_core: bool = False
+
+
+def rounds_to_go(plan: Planned) -> int:
+    """The rounds ``plan`` still runs: a resume continues after its logged rounds; a
+    restart (no checkpoint) and a new run run them all."""
+    if plan.action in ("reuse", "skip"):
+        return 0
+    return max(plan.exp.rounds - plan.done, 0) if plan.action == "resume" else plan.exp.rounds
+
+
+def estimate(plan: Planned, runs: dict[int, RunData], recorded: Optional[dict[int, Recorded]] = None) -> Estimate:
+    """What ``plan`` still costs (:class:`Estimate`), timed on its own folder's logged
+    rounds (a resume or restart), else on the other seed runs of its config (``runs``, from
+    :func:`seed_data`), counting only runs made on the kind of device ``plan`` runs on: a
+    GPU's rounds say nothing of a core's; else (a CPU run) on the CPU-hours the table being
+    replaced records for the config's runs whose folders are gone (``recorded``)."""
+    gpu = not on_cpu(plan.exp.device)
+    here = plan.dir.resolve()
+    own = [d for d in runs.values() if d.dir.resolve() == here]
+    others = [d for d in runs.values() if d.dir.resolve() != here]
+    for timed in (own, others):
+        timed = [d for d in timed if d.timing and d.on_cpu != gpu]
+        if not timed:
+            continue
+        per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
+        seeds = sorted(d.seed for d in timed)
+        note = "" if timed[0].dir.resolve() == here else \
+            f"timed on seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)}"
+        return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
+    if any(d.timing for d in runs.values()):
+        return Estimate(None, gpu, f"this config has run here only on {'the CPU' if gpu else 'a GPU'}")
+    timed_r = {s: r for s, r in (recorded or {}).items() if r.cpu_hours is not None and r.rounds}
+    if timed_r and not gpu:
+        per_round = sum(r.cpu_hours or 0.0 for r in timed_r.values()) / sum(r.rounds for r in timed_r.values())
+        seeds = ", ".join(str(s) for s in timed_r)
+        return Estimate(rounds_to_go(plan) * per_round, gpu,
+                        f"timed on the table's record of seed{'s' if len(timed_r) > 1 else ''} {seeds}")
+    return Estimate(None, gpu, "nothing of this config has run here")
+
+
+def _hours(h: float) -> str:
+    """Hours as an estimate is worth: two significant digits, whole hours from 100."""
+    return f"{h:.2g}" if h < 100 else f"{h:.0f}"
+
+
+def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
+    """One ``--dry-run`` line: ``would ACTION NAME -> FOLDER (done/planned rounds; cost)``
+    (``est``: see :func:`estimate`; a skip gives its reason instead)."""
+    head = f"  would {plan.action:<7} {name} -> {plan.dir}"
+    if plan.action in ("skip", "keep"):
+        return f"{head}: {plan.reason}"
+    planned = plan.exp.rounds
+    if plan.action == "reuse":
+        return f"{head} ({plan.done}/{planned} rounds)"
+    rounds = f"{planned} rounds" if plan.action == "run" else f"{plan.done}/{planned} rounds"
+    if plan.action == "restart":
+        rounds += ", none checkpointed: from round 0"
+    if est is None or est.hours is None:
+        cost = "no estimate" + (f": {est.note}" if est else "")
+    else:
+        cost = f"about {_hours(est.hours)} {'GPU' if est.gpu else 'CPU'}-h left" + (f", {est.note}" if est.note else "")
+    return f"{head} ({rounds}; {cost})"
+
+
+def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str],
+            recorded: Optional[dict[str, dict[int, Recorded]]] = None, remake_kept: bool = False) -> list[str]:
+    """The lines ``--dry-run`` prints: for each planned (config, seed), what a real run would
+    do with it (:func:`run_action`, the decision :func:`run_config` acts on; ``recorded``:
+    config -> :func:`recorded_runs`, used for ``keep`` unless ``remake_kept``), its rounds
+    and the hours it still needs (:func:`estimate`); then one line with the count of each
+    action and the total estimate. Reads the run folders, writes nothing."""
+    recorded = recorded or {}
+    cache: dict[str, dict[int, RunData]] = {}
+    counts: dict[str, int] = dict.fromkeys(get_args(Action), 0)
+    cpu_h = gpu_h = 0.0
+    unknown = one_core = 0
+    lines = []
+    for cfg, seed in plan:
+        rec = recorded.get(cfg, {})
+        p = run_action(cfg, overrides, seed, None if remake_kept else rec.get(_seed_of(cfg, overrides, seed)))
+        counts[p.action] += 1
+        est = None
+        if p.action in ("run", "resume", "restart"):
+            if cfg not in cache:
+                cache[cfg] = seed_data(cfg, overrides)
+            est = estimate(p, cache[cfg], rec)
+            if est.hours is None:
+                unknown += 1
+            elif est.gpu:
+                gpu_h += est.hours
+            else:
+                cpu_h += est.hours
+                one_core += est.one_core
+        lines.append(dry_run_line(p, run_name(cfg, seed), est))
+    to_make = counts["run"] + counts["resume"] + counts["restart"]
+    total = (f"in all: run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
+             f"reuse {counts['reuse']}, keep {counts['keep']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h "
+             f"still needed")
+    if gpu_h:
+        total += f" and {_hours(gpu_h)} GPU-h on a GPU (not counted as CPU-h)"
+    total += f" by the {to_make - unknown} runs with an estimate"
+    if one_core:
+        total += f" ({one_core} timed on runs without `threads`, counted as one core)"
+    total += f"; {unknown} of the {to_make} runs to make {'has' if unknown == 1 else 'have'} none" if unknown else ""
+    return [*lines, total]
