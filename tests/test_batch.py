@@ -299,6 +299,59 @@ def test_compare_shows_mean_and_std_of_a_seeds_folder(tmp_path: Path, capsys) ->
     assert "±" not in rows[1].split("|")[4]
 
 
+def test_seeds_finished_at_different_rounds_are_refused_not_averaged(tmp_path: Path, capsys) -> None:
+    """A seed that finished more rounds than the config now asks counts as done, so a seeds
+    folder can hold seeds at round 2 and a seed at round 1: their mean final would mix two
+    run lengths under one "mean over 3 seeds". The aggregate and compare refuse it, naming
+    the rounds; running to the longer length (the shorter seed resumes) makes it whole."""
+    cfg = digits_config(tmp_path, rounds=2)
+    base = tmp_path / "s"
+    run_seeds(cfg, [0, 1], out=base, workers=1, progress=False)
+    with pytest.raises(BatchError, match=r"different numbers of rounds.*seed-2: 1"):
+        run_seeds({**cfg, "rounds": 1}, [0, 1, 2], out=base, workers=1, progress=False)
+    rc, _, err = cli(capsys, "compare", base, "--out", tmp_path / "cmp")
+    assert rc == 2 and "different numbers of rounds" in err and len(err.strip().splitlines()) == 1
+    run_seeds(cfg, [0, 1, 2], out=base, workers=1, progress=False)  # seed 2 resumes to round 2
+    agg = json.loads((base / "aggregate.json").read_text())
+    assert agg["n"] == 3 and agg["summary"]["rounds_completed"] == {"n": 3, "mean": 2.0, "std": 0.0,
+                                                                    "ci_low": 2.0, "ci_high": 2.0}
+
+
+def test_tables_show_a_loss_in_its_own_unit_not_as_a_percentage(tmp_path: Path, capsys, monkeypatch) -> None:
+    """With ``eval.main = "global/loss"`` the run --seeds line, compare's rows (a single run
+    and a seeds folder alike), compare's plots and the sweep table show the loss as it is:
+    no "%" heading or "accuracy (%)" axis, and no x100 on one row or on the interval only."""
+    import matplotlib.axes
+
+    from lowband.report import sweep_markdown
+
+    cfg = digits_config(tmp_path, rounds=1)
+    cfg["eval"] = {"protocols": ["global"], "main": "global/loss"}
+    base = tmp_path / "s"
+    rc, out, err = cli(capsys, "run", write_cfg(tmp_path / "c.toml", cfg), "--seeds", "0,1", "--workers", "1",
+                       "--out", base, "-q")
+    assert rc == 0, err
+    s = json.loads((base / "aggregate.json").read_text())["summary"]["final/global/loss"]
+    assert f"global/loss = {s['mean']:.2f} ± {s['std']:.2f} (95% CI {s['ci_low']:.2f}-{s['ci_high']:.2f})" in out
+    drawn: list[float] = []
+    ylabels: list[str] = []
+    plot, set_ylabel = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, x, y, *a, **k: (drawn.extend(y), plot(ax, x, y, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel", lambda ax, s, **k: (ylabels.append(s), set_ylabel(ax, s, **k))[1])
+    rc, out, err = cli(capsys, "compare", base, base / "seed-0", "--out", tmp_path / "cmp")
+    assert rc == 0, err
+    assert drawn and max(drawn) < 10 and ylabels == ["global/loss", "global/loss"]  # a loss of ~2.5, not 250
+    loss0 = json.loads((base / "seed-0" / "summary.json").read_text())["final"]["global/loss"]
+    rows = [r.split("|") for r in out.splitlines() if r.startswith("| t-fedavg")]
+    assert rows[0][4].strip() == f"{s['mean']:.2f} ± {s['std']:.2f}" and rows[1][4].strip() == f"{loss0:.2f}"
+    assert "final %" not in out
+    row = {"metric": "global/loss", "n": 1, "final": 0.5, "final_std": None, "final_ci_low": None,
+           "final_ci_high": None, "best": None, "best_std": None, "target": None, "rounds_to_target": None,
+           "reached": 0, "bytes_to_target": None, "bytes_up": 1, "bytes_down": 1, "bytes_peer": 0}
+    md = sweep_markdown([row], [])
+    assert "%" not in md.splitlines()[0] and "| global/loss | 0.50 |" in md
+
+
 # --------------------------------------------------------------------------- console
 
 

@@ -102,6 +102,77 @@ def test_markdown_marks_pareto_and_lists_skipped() -> None:
     assert "- kta x fp32: skipped: needs a public set" in md
 
 
+def _fake_cell(root: Path, codec: str, summary: dict, metrics: list[dict]) -> "FrontierCell":
+    """A finished one-run frontier cell written by hand: summary.json and metrics.jsonl."""
+    import json
+
+    from lowband.batch import Cell
+    from lowband.tradeoff import FrontierCell
+
+    d = root / codec
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"main_metric": "global/acc", "target": None, "bytes_down": 0,
+                                                "bytes_peer": 0, "declared_bytes_up": 0, "declared_bytes_down": 0,
+                                                "declared_bytes_peer": 0, **summary}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return FrontierCell("m", codec, Cell({"method": "m", "codec": codec}, d, {}))
+
+
+def test_frontier_bytes_count_declared_bytes_like_retime_and_the_link_time(tmp_path: Path) -> None:
+    """A declared payload (NTK-DFL's Jacobians) is counted, never built, and the link model
+    times it: the frontier's total bytes and bytes to target must count it as retime.csv and
+    compare's bytes plot do, or a cell that declares 500 MB reads as the cheapest and is
+    marked Pareto-optimal over one that sends 1 MB."""
+    from lowband.tradeoff import frontier_rows
+
+    light = _fake_cell(tmp_path, "a", {"final": {"global/acc": 0.9}, "bytes_up": 1_000_000, "target": 0.5,
+                                       "rounds_to_target": 1, "bytes_to_target": 500_000,
+                                       "declared_bytes_to_target": 0},
+                       [{"round": 1, "global/acc": 0.9, "bytes/total": 1_000_000, "declared/total": 0}])
+    heavy = _fake_cell(tmp_path, "b", {"final": {"global/acc": 0.8}, "bytes_up": 1_000, "bytes_peer": 0,
+                                       "declared_bytes_peer": 500_000_000, "target": 0.5, "rounds_to_target": 1,
+                                       "bytes_to_target": 1_000, "declared_bytes_to_target": 500_000_000},
+                       [{"round": 1, "global/acc": 0.8, "bytes/total": 1_000, "declared/total": 500_000_000}])
+    rows = frontier_rows([light, heavy], None)
+    assert [r["bytes_total"] for r in rows] == [1_000_000, 500_001_000]
+    assert [r["bytes_to_target"] for r in rows] == [500_000, 500_001_000]
+    assert [r["pareto_bytes"] for r in rows] == [True, False]  # the heavy cell is dominated: less acc, more bytes
+
+
+def test_frontier_pareto_minimises_a_loss_main_metric(tmp_path: Path) -> None:
+    """With ``eval.main = "global/loss"`` a lower value is better: the cell with the lower
+    loss for fewer bytes is the only Pareto-optimal one (a mask that maximises the metric
+    would mark the worse cell instead)."""
+    from lowband.tradeoff import frontier_rows
+
+    good = _fake_cell(tmp_path, "a", {"main_metric": "global/loss", "final": {"global/loss": 0.3},
+                                      "bytes_up": 1_000}, [])
+    bad = _fake_cell(tmp_path, "b", {"main_metric": "global/loss", "final": {"global/loss": 0.9},
+                                     "bytes_up": 2_000}, [])
+    rows = frontier_rows([good, bad], None)
+    assert [r["pareto_bytes"] for r in rows] == [True, False]
+    md = frontier_markdown(rows)
+    assert "final (mean ± std)" in md and "at most its global/loss" in md
+
+
+def test_retime_time_to_target_reached_at_round_0_is_0_not_missing(tmp_path: Path, monkeypatch) -> None:
+    """A target the initial model already meets has rounds_to_target = 0 (round 0 is
+    evaluated): its simulated time to target is 0 s, as the frontier's own
+    time_to_target_s says, not "not reached" (None), which would also drop the cell from
+    the time-to-target ranking."""
+    import lowband.tradeoff as tr
+
+    cell = _fake_cell(tmp_path, "a", {"final": {"global/acc": 0.9}, "bytes_up": 10, "target": 0.05,
+                                      "rounds_to_target": 0, "bytes_to_target": 0, "declared_bytes_to_target": 0},
+                      [{"round": 0, "global/acc": 0.1, "bytes/total": 0, "declared/total": 0},
+                       {"round": 2, "global/acc": 0.9, "bytes/total": 10, "declared/total": 0}])
+    monkeypatch.setattr(tr, "retime_run", lambda d, presets, data_dir=None: {
+        p: [{"round": 1, "time/round_s": 1.5, "time/sim_s": 1.5}, {"round": 2, "time/round_s": 2.0,
+                                                                    "time/sim_s": 3.5}] for p in presets})
+    row = tr._retime_one(cell.cell.dir, ["lte"], None)
+    assert row["lte_s"] == 3.5 and row["lte_to_target_s"] == 0.0
+
+
 # --------------------------------------------------------------------------- runs
 
 

@@ -560,7 +560,24 @@ def aggregate(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> di
             "summary": summary, "rounds": per_round}
 
 
+def rounds_mismatch(dirs: Sequence[Path], summaries: Sequence[dict[str, Any]]) -> Optional[str]:
+    """None when every run completed the same number of rounds, else one line naming each
+    run's rounds and the remedy. A run that finished more rounds than its config now asks
+    counts as done (:func:`run_state`), so one seeds folder can hold seeds of different
+    lengths; a mean of their finals would mix rounds under one "mean over n seeds"."""
+    done = [s.get("rounds_completed") for s in summaries]
+    if len(set(done)) <= 1:
+        return None
+    most = max((int(r) for r in done if r is not None), default=0)
+    return ("seed runs completed different numbers of rounds ("
+            + ", ".join(f"{Path(d).name}: {r}" for d, r in zip(dirs, done))
+            + f"), so their mean would mix finals of different rounds; run them all to the same rounds "
+              f"(e.g. again with rounds={most}: the shorter ones resume) or leave the odd ones out")
+
+
 def aggregate_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
+    """:func:`aggregate` of finished run folders; raises BatchError for an unfinished run or
+    runs of different lengths (:func:`rounds_mismatch`)."""
     from lowband.engine.runlog import RunLog
 
     runs = []
@@ -569,6 +586,9 @@ def aggregate_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
         if s is None:
             raise BatchError(f"{d}: no summary.json (the run did not finish); run the batch again to finish it")
         runs.append((s, RunLog.read_jsonl(Path(d) / "metrics.jsonl")))
+    odd = rounds_mismatch(dirs, [s for s, _ in runs])
+    if odd:
+        raise BatchError(f"{Path(dirs[0]).parent}: {odd}")
     agg = aggregate(runs)
     agg["seeds"] = [r[0].get("seed") for r in runs]
     agg["runs"] = [str(d) for d in dirs]
@@ -702,7 +722,8 @@ def cmd_run_seeds(args: Any, overrides: list[str]) -> int:
     main = agg.get("main_metric")
     s = agg["summary"].get(f"final/{main}", {})
     tot = {d: (agg["summary"].get(f"bytes_{d}") or {}).get("mean") or 0 for d in ("up", "down", "peer")}
-    ci = "" if s.get("ci_low") is None else f" (95% CI {100 * s['ci_low']:.2f}-{100 * s['ci_high']:.2f})"
+    k = 100.0 if "acc" in str(main) else 1.0  # the interval in the mean's unit
+    ci = "" if s.get("ci_low") is None else f" (95% CI {k * s['ci_low']:.2f}-{k * s['ci_high']:.2f})"
     print(f"{exp.name}: {main} = {fmt_mean_std(s.get('mean'), s.get('std'), pct='acc' in str(main))}{ci} "
           f"over {agg['n']} seeds; "
           f"mean up {tot['up'] / 1e6:.2f} MB, down {tot['down'] / 1e6:.2f} MB, peer {tot['peer'] / 1e6:.2f} MB "

@@ -111,6 +111,12 @@ def find_runs(path: str | Path) -> RunFolders:
         left_out.insert(0, (p, "unfinished: no summary.json"))
     layout = "run" if own and len(found) == 1 else "run+seeds" if own else "seeds"
     found.sort(key=lambda sf: (sf[0] is None, sf[0] if sf[0] is not None else 0))
+    if len(found) > 1:  # one row / one aggregate over seeds needs seeds of one length
+        from lowband.batch import rounds_mismatch
+
+        odd = rounds_mismatch([d for _, d in found], [json.loads((d / "summary.json").read_text()) for _, d in found])
+        if odd:
+            raise ReportError(f"{p}: {odd}")
     return RunFolders(p, layout, [d for _, d in found], [s for s, _ in found], left_out)
 
 
@@ -180,9 +186,18 @@ def _bytes_mean_std(values: Sequence[Optional[float]]) -> str:
     return f"{fmt_bytes(s['mean'])} ± {fmt_bytes(s['std'])}"
 
 
+def _pct_heading(keys: Sequence[str]) -> str:
+    """The unit of a final/best column whose rows show ``keys``: accuracies in %, other
+    metrics (a loss) as they are."""
+    acc = ["acc" in k for k in keys]
+    return " %" if all(acc) else " (accuracies in %)" if any(acc) else ""
+
+
 def markdown_table(runs: Sequence[RunRecord], metric: Optional[str] = None) -> str:
-    """One row per run: final and best of the metric, rounds/bytes to target, traffic."""
-    header = ("| run | algorithm | metric | final % | best % (round) | rounds to target | bytes to target "
+    """One row per run: final and best of the metric, rounds/bytes to target, traffic.
+    Accuracies are in %, other metrics (a loss) as they are, in single and seeds rows alike."""
+    unit = _pct_heading([metric or str(r.summary.get("main_metric", "")) for r in runs])
+    header = (f"| run | algorithm | metric | final{unit} | best{unit} (round) | rounds to target | bytes to target "
               "| up | down | peer | declared |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for run in runs:
@@ -196,10 +211,12 @@ def markdown_table(runs: Sequence[RunRecord], metric: Optional[str] = None) -> s
         rtt = s.get("rounds_to_target") if key == s.get("main_metric") else _rounds_to(run.metrics, key, s.get("target"))
         btt = s.get("bytes_to_target") if key == s.get("main_metric") else None
         declared = sum(int(s.get(f"declared_bytes_{d}", 0) or 0) for d in ("up", "down", "peer"))
-        best_s = f"{fmt_acc(best.get('value'))} ({best.get('round')})" if best else "-"
+        pct = "acc" in key
+        best_s = f"{fmt_mean_std(best.get('value'), None, pct=pct)} ({best.get('round')})" if best else "-"
         target_s = "-" if s.get("target") is None else (str(rtt) if rtt is not None else "not reached")
         lines.append(
-            f"| {run.label} | {s.get('algorithm', '?')} | {key} | {fmt_acc(final)} | {best_s} | {target_s} | "
+            f"| {run.label} | {s.get('algorithm', '?')} | {key} | {fmt_mean_std(final, None, pct=pct)} | {best_s} | "
+            f"{target_s} | "
             f"{fmt_bytes(btt) if btt is not None else '-'} | {fmt_bytes(s.get('bytes_up'))} | "
             f"{fmt_bytes(s.get('bytes_down'))} | {fmt_bytes(s.get('bytes_peer'))} | "
             f"{fmt_bytes(declared) if declared else '-'} |"
@@ -241,7 +258,8 @@ def _rounds_to(metrics: list[dict[str, Any]], key: str, target: Optional[float])
 
 def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] = None) -> list[Path]:
     """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out_dir``, and accuracy_vs_time.png
-    (against cumulative simulated link time, ``time/sim_s``) when a run has ``[links]``."""
+    (against cumulative simulated link time, ``time/sim_s``) when a run has ``[links]``.
+    Accuracies are drawn in %, another metric (a loss) as it is."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -260,7 +278,8 @@ def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] 
             if run.seeds:
                 band = mean_band([r.metrics for r in run.seeds], key, xkey)
                 if band:
-                    plot_band(ax, *band, label=f"{run.label} ({key})", scale=100, logx_positive=xkey != "round")
+                    plot_band(ax, *band, label=f"{run.label} ({key})", scale=100 if "acc" in key else 1,
+                              logx_positive=xkey != "round")
                 continue
             pts = [(r, m) for r, m in ((_x(rec, xkey), rec.get(key)) for rec in run.metrics) if m is not None and r is not None]
             if xkey != "round":  # log axes: round 0 (nothing sent, no time) has no place
@@ -268,12 +287,14 @@ def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] 
             if not pts:
                 continue
             xs, ys = zip(*pts)
-            ax.plot(xs, [100 * y for y in ys], marker="o" if len(xs) < 30 else None, ms=3,
+            ax.plot(xs, [(100 if "acc" in key else 1) * y for y in ys], marker="o" if len(xs) < 30 else None, ms=3,
                     label=f"{run.label} ({key})")
         if xkey != "round":
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("accuracy (%)")
+        keys = list(dict.fromkeys(metric or str(r.summary.get("main_metric", "")) for r in runs))
+        ax.set_ylabel("accuracy (%)" if all("acc" in k for k in keys) else  # a loss as it is, not x100
+                      ", ".join(keys) + (" (accuracies in %)" if any("acc" in k for k in keys) else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -372,8 +393,9 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
 
 def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
     multi = any(r["n"] > 1 for r in rows)
-    head = [*keys, "metric", "final %" + (" (mean ± std)" if multi else ""), "95% CI" if multi else None,
-            "best %", "rounds to target", "bytes to target", "up", "down", "peer", "n"]
+    unit = _pct_heading([str(r["metric"]) for r in rows])
+    head = [*keys, "metric", f"final{unit}" + (" (mean ± std)" if multi else ""), "95% CI" if multi else None,
+            f"best{unit}", "rounds to target", "bytes to target", "up", "down", "peer", "n"]
     head = [h for h in head if h is not None]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

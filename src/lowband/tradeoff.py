@@ -22,7 +22,9 @@ second invocation redoes nothing), a process pool, one progress bar. Then, in th
   front marked; a second panel against simulated time when a link is given.
 
 Pareto-optimal (:func:`pareto_mask`): no other cell reaches at least its accuracy with
-fewer bytes (or the same bytes and a higher accuracy).
+fewer bytes (or the same bytes and a higher accuracy); a main metric where lower is better
+(a loss) is minimised instead (:func:`higher_is_better`). Bytes are encoded plus declared
+(a declared payload is counted, never built, and the link model times it too).
 
 (The module is ``tradeoff``, not ``frontier``, so that ``lowband.frontier`` stays the Python
 API's function, :func:`lowband.api.frontier`.)
@@ -103,10 +105,20 @@ def is_lossy(spec: str) -> bool:
 # --------------------------------------------------------------------------- Pareto
 
 
-def pareto_mask(points: Sequence[tuple[Optional[float], Optional[float]]]) -> list[bool]:
+def higher_is_better(metric: Optional[str]) -> bool:
+    """Whether a larger value of ``metric`` is better: accuracies yes; losses and spreads
+    (``*/loss``, ``node_global/acc_std``) no, so the Pareto front minimises them."""
+    m = str(metric or "")
+    return not (m.endswith("loss") or m.endswith("_std"))
+
+
+def pareto_mask(points: Sequence[tuple[Optional[float], Optional[float]]], *, maximise: bool = True) -> list[bool]:
     """``points``: (accuracy, cost) per cell (None: not measured). A cell is Pareto-optimal
     when no other cell has accuracy >= its accuracy and cost <= its cost with one of the two
-    strictly better. Cells with a missing value are never optimal."""
+    strictly better. Cells with a missing value are never optimal. ``maximise=False``: the
+    first value is a loss, lower is better (its sign is flipped)."""
+    if not maximise:
+        points = [(None if a is None else -a, c) for a, c in points]
     ok = [a is not None and c is not None and not (math.isnan(a) or math.isnan(c)) for a, c in points]
     out = []
     for i, (a, c) in enumerate(points):
@@ -190,21 +202,30 @@ def frontier_cells(base: dict[str, Any], methods: Sequence[tuple[str, dict[str, 
 
 
 def _curve(run_dirs: Sequence[Path], main: str, x_key: str) -> tuple[list[float], list[float]]:
-    """Mean over seeds of (x, main metric) per evaluated round that every seed has."""
+    """Mean over seeds of (x, main metric) per evaluated round that every seed has; ``x_key``
+    ``"bytes"`` is cumulative encoded + declared bytes (as ``bytes_total``)."""
     from lowband.engine.runlog import RunLog
+    from lowband.report import _x
 
     per = []
     for d in run_dirs:
         per.append({int(r["round"]): r for r in RunLog.read_jsonl(Path(d) / "metrics.jsonl")
-                    if r.get(main) is not None and r.get(x_key) is not None})
+                    if r.get(main) is not None and _x(r, x_key) is not None})
     rounds = sorted(set.intersection(*(set(p) for p in per))) if per else []
-    xs = [math.fsum(float(p[r][x_key]) for p in per) / len(per) for r in rounds]
+    xs = [math.fsum(float(_x(p[r], x_key)) for p in per) / len(per) for r in rounds]  # type: ignore[arg-type]
     ys = [math.fsum(float(p[r][main]) for p in per) / len(per) for r in rounds]
     return xs, ys
 
 
+def _with_declared(encoded: Optional[float], declared: Optional[float]) -> Optional[float]:
+    """Encoded plus declared bytes (None when the encoded count is: e.g. a target not reached)."""
+    return None if encoded is None else float(encoded) + float(declared or 0)
+
+
 def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]]) -> list[dict[str, Any]]:
-    """One row per cell (skipped and failed ones too), with the Pareto marks."""
+    """One row per cell (skipped and failed ones too), with the Pareto marks. Bytes are
+    encoded plus declared (``bytes_total``, ``bytes_to_target``), as retime.csv and the
+    link model count them; ``bytes_up`` too."""
     from lowband.batch import flat_summary
 
     rows = []
@@ -221,16 +242,19 @@ def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]])
             ttt = stats(f.get("time_to_target_s") for f in flat)
             row.update({
                 "metric": main, "n": len(sums), "final": fin["mean"], "final_std": fin["std"],
-                "bytes_up": stats(f.get("bytes_up") for f in flat)["mean"],
-                "bytes_total": stats(sum(f.get(f"bytes_{d}") or 0 for d in ("up", "down", "peer"))
-                                     for f in flat)["mean"],
+                "bytes_up": stats(_with_declared(f.get("bytes_up"), f.get("declared_bytes_up"))
+                                  for f in flat)["mean"],
+                "bytes_total": stats(sum((f.get(f"bytes_{d}") or 0) + (f.get(f"declared_bytes_{d}") or 0)
+                                         for d in ("up", "down", "peer")) for f in flat)["mean"],
                 "target": sums[0].get("target"), "rounds_to_target": rtt["mean"], "reached": rtt["n"],
-                "bytes_to_target": stats(f.get("bytes_to_target") for f in flat)["mean"],
+                "bytes_to_target": stats(_with_declared(f.get("bytes_to_target"), f.get("declared_bytes_to_target"))
+                                         for f in flat)["mean"],
                 "sim_time_s": stats(f.get("sim_time_s") for f in flat)["mean"],
                 "time_to_target_s": ttt["mean"], "dir": fc.cell.dir.name})
         rows.append(row)
-    by_bytes = pareto_mask([(r.get("final"), r.get("bytes_total")) for r in rows])
-    by_time = pareto_mask([(r.get("final"), r.get("sim_time_s")) for r in rows])
+    up = higher_is_better(next((r["metric"] for r in rows if r.get("metric")), None))
+    by_bytes = pareto_mask([(r.get("final"), r.get("bytes_total")) for r in rows], maximise=up)
+    by_time = pareto_mask([(r.get("final"), r.get("sim_time_s")) for r in rows], maximise=up)
     for r, b, t in zip(rows, by_bytes, by_time):
         r["pareto_bytes"] = b
         r["pareto_time"] = t if r.get("sim_time_s") is not None else None
@@ -282,8 +306,10 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
         cells += ["*" if r["pareto_bytes"] else ""] + (["*" if r["pareto_time"] else ""] if timed else [])
         cells.append(str(r["n"]))
         lines.append("| " + " | ".join(cells) + " |")
-    text = (f"Final {metric}; `*`: Pareto-optimal (no other cell reaches at least its {metric} with fewer "
-            f"total bytes" + (" / less simulated time" if timed else "") + ").\n\n" + "\n".join(lines) + "\n")
+    bound = "at least" if higher_is_better(metric) else "at most"
+    text = (f"Final {metric}; `*`: Pareto-optimal (no other cell reaches {bound} its {metric} with fewer "
+            f"total bytes (encoded + declared)" + (" / less simulated time" if timed else "") + ").\n\n"
+            + "\n".join(lines) + "\n")
     if skipped:
         text += "\nNot run:\n\n" + "\n".join(skipped) + "\n"
     return text
@@ -300,7 +326,7 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
 
     done = [(fc, r) for fc, r in zip(cells, rows) if r["status"] == "ok" and fc.cell is not None]
     timed = any(r.get("sim_time_s") is not None for _, r in done)
-    panels = [("bytes/total", "cumulative bytes (all directions)", "bytes_total", "pareto_bytes")]
+    panels = [("bytes", "cumulative bytes (all directions, encoded + declared)", "bytes_total", "pareto_bytes")]
     if timed:
         panels.append(("time/sim_s", "simulated time (s)", "sim_time_s", "pareto_time"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
@@ -501,12 +527,14 @@ def _retime_one(d: Path, presets: Sequence[str], data_dir: Optional[str]) -> dic
     hit = summary.get("rounds_to_target")
     metrics = RunLog.read_jsonl(d / "metrics.jsonl")
     last = max(metrics, key=lambda m: int(m["round"]))
-    row: dict[str, Any] = {"bytes_up": float(last.get("bytes/up", 0)),
+    row: dict[str, Any] = {"bytes_up": float(last.get("bytes/up", 0)) + float(last.get("declared/up", 0)),
                            "bytes_total": float(last.get("bytes/total", 0)) + float(last.get("declared/total", 0)),
-                           "bytes_to_target": summary.get("bytes_to_target")}
+                           "bytes_to_target": _with_declared(summary.get("bytes_to_target"),
+                                                             summary.get("declared_bytes_to_target"))}
     for name, recs in retime_run(d, presets, data_dir).items():
         row[f"{name}_s"] = recs[-1]["time/sim_s"]
-        row[f"{name}_to_target_s"] = recs[hit - 1]["time/sim_s"] if hit else None
+        # round 0 (the initial model already at the target) costs no time; recs[k] is round k + 1
+        row[f"{name}_to_target_s"] = (None if hit is None else 0.0 if hit == 0 else recs[hit - 1]["time/sim_s"])
         if "energy/j" in recs[-1]:
             row[f"{name}_j"] = recs[-1]["energy/j"]
     return row
@@ -545,7 +573,8 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
     rows: list[dict[str, Any]] = []
     for c in cells:
         per_seed = [_retime_one(d, presets, data_dir) for d in _cell_runs(out / c["dir"])]
-        row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "final": float(c["final"])}
+        row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "metric": c.get("metric") or "",
+                               "final": float(c["final"])}
         for key in per_seed[0]:
             row[key] = _seed_mean([r.get(key) for r in per_seed])
         rows.append(row)
@@ -555,14 +584,15 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
         r["rank_bytes"] = k
     for r, k in zip(rows, _rank([r["bytes_to_target"] for r in rows])):
         r["rank_bytes_to_target"] = k
-    for r, m in zip(rows, pareto_mask([(r["final"], r["bytes_total"]) for r in rows])):
+    up = higher_is_better(rows[0]["metric"])
+    for r, m in zip(rows, pareto_mask([(r["final"], r["bytes_total"]) for r in rows], maximise=up)):
         r["pareto_bytes"] = m
     for name in presets:
         for r, k in zip(rows, _rank([r[f"{name}_s"] for r in rows])):
             r[f"rank_{name}"] = k
         for r, k in zip(rows, _rank([r[f"{name}_to_target_s"] for r in rows])):
             r[f"rank_{name}_to_target"] = k
-        for r, m in zip(rows, pareto_mask([(r["final"], r[f"{name}_s"]) for r in rows])):
+        for r, m in zip(rows, pareto_mask([(r["final"], r[f"{name}_s"]) for r in rows], maximise=up)):
             r[f"pareto_{name}"] = m
         cols += [f"{name}_s", f"rank_{name}", f"pareto_{name}", f"{name}_to_target_s", f"rank_{name}_to_target"]
         if any(f"{name}_j" in r for r in rows):
@@ -585,13 +615,15 @@ def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> s
     def ranked(text: str, rank: Optional[int]) -> str:
         return text if rank is None else f"{text} ({rank})"
 
-    head = ["method", "codec", "final %", "total bytes", "Pareto bytes", "bytes to target"]
+    metric = str(rows[0].get("metric") or "") if rows else ""
+    pct = not metric or "acc" in metric  # a frontier.csv without the metric column: accuracies, as before
+    head = ["method", "codec", "final %" if pct else "final", "total bytes", "Pareto bytes", "bytes to target"]
     for name in presets:
         head += [f"{name}: sim time", f"Pareto {name}", f"{name}: time to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         btt = r["bytes_to_target"]
-        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}", ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
+        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}" if pct else f"{r['final']:.4g}", ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
                  "*" if r["pareto_bytes"] else "", ranked(fmt_bytes(btt) if btt is not None else "-", r["rank_bytes_to_target"])]
         for name in presets:
             cells += [ranked(t(r[f"{name}_s"]), r[f"rank_{name}"]), "*" if r[f"pareto_{name}"] else "",
@@ -617,8 +649,9 @@ def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> s
         if front != fb:
             line += "; Pareto set " + ", ".join([f"+{c}" for c in sorted(front - fb)] + [f"-{c}" for c in sorted(fb - front)])
         diffs.append(line)
+    bound = "at least" if higher_is_better(metric) else "at most"
     return ("Ranks in parentheses (1 = fewest bytes / least simulated time; to target: among the cells that "
-            "reach it); `*`: Pareto-optimal (no other cell reaches at least its final metric for less).\n\n"
+            f"reach it); `*`: Pareto-optimal (no other cell reaches {bound} its final metric for less).\n\n"
             + "\n".join(lines) + "\n\nRankings by bytes and by time:\n\n" + "\n".join(diffs) + "\n")
 
 
