@@ -15,7 +15,7 @@ from typing import Literal, Optional
 from lowband.config import Experiment, load_experiment
 from lowband.reproduce.cells import Cell, config_seed, run_plan, seed_overrides
 from lowband.reproduce.rundata import _not_a_run_of, _read_json, left_out_seeds
-from lowband.reproduce.table import (_CPU_H, _HELD, KeptSeed, _one_seed_compute, _same_run, changed_since,
+from lowband.reproduce.table import (_CPU_H, _HELD, KeptSeed, _same_run, changed_since, seed_note,
                                      kept_seeds)
 
 
@@ -48,11 +48,8 @@ def recorded_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"]
     for c in mine:
         if c.id not in previous or not _same_run(previous[c.id][2], config, overrides):
             return {}
-        ours, rounds, where = previous[c.id]
-        note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
-        if not note and " seeds " not in where.split("`")[-1]:
-            note = f"{config_seed(config, overrides)}: {ours}{_one_seed_compute(where)}"
-        ks = kept_seeds(note, rounds, set())
+        _, rounds, where = previous[c.id]
+        ks = kept_seeds(seed_note(previous, c.id, config, overrides), rounds, set())
         spent = _CPU_H.search(where)
         if ks and spent and "GPU-h" not in where and all(k.cpu_hours is None for k in ks.values()):
             # a table from before per-seed compute: the cell's hours shared evenly (for estimates)

@@ -218,6 +218,20 @@ def config_fingerprint(config: str, overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def seed_note(previous: dict[str, tuple[str, str, str]], cell_id: str, config: str, overrides: list[str]) -> str:
+    """The per-seed list (``"0: 81.97 (1.06 CPU-h), 1: ..."``) the table being replaced
+    (``previous``) holds for ``cell_id``; for a cell it measured with one seed (no list), that
+    seed's entry built from its row: the config's own seed, its value and the compute of the
+    row's *run* column (:func:`_one_seed_compute`). "" when there is neither."""
+    note = previous.get(f"seeds/{cell_id}", ("", "", ""))[2]
+    if note or cell_id not in previous:
+        return note
+    ours, _, where = previous[cell_id]
+    if " seeds " in where.split("`")[-1]:
+        return ""
+    return f"{config_seed(config, overrides)}: {ours}{_one_seed_compute(where)}"
+
+
 def changed_since(previous: dict[str, tuple[str, str, str]], config: str, overrides: list[str]) -> bool:
     """Whether the table being replaced (``previous``) recorded ``config``'s run folder under
     another config fingerprint than today's (False where it recorded none: a table from
@@ -339,19 +353,14 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 held = {}
                 if c.id in previous and _same_run(previous[c.id][2], c.config, overrides) \
                         and changed_since(previous, c.config, overrides):
-                    gone = kept_seeds(previous.get(f"seeds/{c.id}", ("", "", ""))[2] or
-                                      f"{config_seed(c.config, overrides)}: {previous[c.id][0]}",
-                                      previous[c.id][1], set(runs) | set(left_out))
+                    gone = kept_seeds(seed_note(previous, c.id, c.config, overrides), previous[c.id][1],
+                                      set(runs) | set(left_out))
                     if gone:
                         print(f"  warning: {c.id}: the previous table's value of seed "
                               f"{', '.join(str(s) for s in gone)} was measured under another version of {c.config} "
                               f"(its settings changed since); not kept", file=sys.stderr)
                 elif c.id in previous and _same_run(previous[c.id][2], c.config, overrides):
-                    note = previous.get(f"seeds/{c.id}", ("", "", ""))[2]
-                    if not note and " seeds " not in previous[c.id][2].split("`")[-1]:
-                        # one seed then (no per-seed list): the config's own seed, its compute the cell's
-                        note = f"{config_seed(c.config, overrides)}: {previous[c.id][0]}" \
-                               f"{_one_seed_compute(previous[c.id][2])}"
+                    note = seed_note(previous, c.id, c.config, overrides)
                     held = {s: k if k.cpu_hours is not None else replace(k, cpu_hours=seed_hours.get((c.config, s)))
                             for s, k in kept_seeds(note, previous[c.id][1], set(runs) | set(left_out)).items()}
                 ours, per_seed = seeds_value(c, runs, refs, held)
