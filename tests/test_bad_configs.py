@@ -163,6 +163,7 @@ CASES: list[tuple[str, Make, list[str]]] = [
     ("unknown protocol", _over('eval.protocols=["globl"]'), ["eval.protocols", "consensus"]),
     ("eval every 0", _over("eval.every=0"), ["eval.every"]),
     ("target above 1", _over("eval.target=2"), ["eval.target"]),
+    ("accuracy target in percent", _over("eval.target=85"), ["eval.target", "not a fraction", "0.85 for 85%"]),
     ("unknown main metric", _over('eval.main="global/f1"'), ["eval.main", "global/f1"]),
     # the run folder
     ("empty out_dir", _over('out_dir=""'), ["out_dir", "empty"]),

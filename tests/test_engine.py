@@ -173,3 +173,27 @@ def test_peer_bytes_count_every_edge(tmp_path: Path) -> None:
     params = sim.executor.states[0]["params"]
     one = len(encode_message(Message("weights", params), parse_codec("fp32"), torch_gen(0)))
     assert enc == 8 * 3 * one
+
+
+def test_a_loss_target_is_reached_from_above_not_by_the_untrained_model() -> None:
+    """A target on a loss is met when the loss falls to it; read as "at least" (as for an
+    accuracy), the untrained model's high loss would meet it at round 0."""
+    from lowband.engine.runlog import rounds_to_target
+
+    metrics = [{"round": 0, "global/loss": 2.3, "global/acc": 0.1, "bytes/total": 0},
+               {"round": 1, "global/loss": 0.9, "global/acc": 0.6, "bytes/total": 10},
+               {"round": 2, "global/loss": 0.4, "global/acc": 0.8, "bytes/total": 20}]
+    assert rounds_to_target(metrics, "global/loss", 0.5)["round"] == 2
+    assert rounds_to_target(metrics, "global/acc", 0.5)["round"] == 1
+    assert rounds_to_target(metrics, "global/loss", 0.1) is None
+
+
+def test_a_loss_target_in_a_run_summary(tmp_path: Path) -> None:
+    cfg = digits_config(tmp_path, "fedavg", rounds=2)
+    cfg["eval"] = {"target": 1.5, "main": "global/loss"}  # above 1: a loss is not a fraction
+    run_dir = Path(_run(cfg).result.run_dir)
+    s = json.loads((run_dir / "summary.json").read_text())
+    losses = [(m["round"], m["global/loss"]) for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    assert losses[0][1] > 1.5, "the untrained model should start above the target"
+    assert s["main_metric"] == "global/loss"
+    assert s["rounds_to_target"] == next((r for r, v in losses if v <= 1.5), None)

@@ -12,6 +12,7 @@ disagree about names or defaults.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -24,6 +25,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 import tomli_w
+
+from lowband.metricdir import higher_is_better
 
 
 class ConfigError(ValueError):
@@ -276,9 +279,22 @@ class EvalConfig(_Strict):
     #: score `personal` and `node_global` on a fixed sample of this many nodes, drawn once
     #: from the run's seed (None: every node); cuts their cost in proportion
     nodes: Optional[int] = Field(None, ge=1)
-    target: Optional[float] = Field(None, gt=0, le=1)
+    #: rounds/bytes-to-target threshold on ``main``: an accuracy as a fraction (0.85, at
+    #: most 1), a loss or spread as its value (reached when at or below it)
+    target: Optional[float] = Field(None, gt=0)
     main: Optional[str] = None
     at_round0: bool = True
+
+    @model_validator(mode="after")
+    def _target_is_a_fraction(self) -> "EvalConfig":
+        # every algorithm's default main metric is an accuracy; only a loss or spread named
+        # in ``main`` may have a target above 1
+        if self.target is not None and self.target > 1 and higher_is_better(self.main):
+            raise ValueError(f"target: {self.target:g} is not a fraction; the main metric "
+                             f"({self.main or 'the algorithm default'}) is an accuracy in [0, 1], write e.g. "
+                             f"{min(self.target / 100, 1):g} for {self.target:g}% (a target above 1 is for a loss "
+                             f"named in eval.main)")
+        return self
 
     @field_validator("protocols")
     @classmethod
@@ -419,6 +435,10 @@ def _format_validation_error(exc: ValidationError, prefix: str = "") -> str:
         return f"{key}: unknown key"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+        # a section's own check naming one of its keys ("alpha: ..."): say the full key
+        sub = re.match(r"([a-z_]+): ", msg)
+        if sub and key and isinstance(err.get("input"), dict):
+            key, msg = f"{key}.{sub.group(1)}", msg[sub.end():]
     got = err.get("input")
     got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
     return f"{key}: {msg}{got_s}"

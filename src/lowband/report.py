@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from lowband.engine.runlog import RunLog
+from lowband.engine.runlog import RunLog, rounds_to_target
 
 
 class ReportError(ValueError):
@@ -248,12 +248,8 @@ def _group_row(run: RunRecord, metric: Optional[str]) -> str:
 
 
 def _rounds_to(metrics: list[dict[str, Any]], key: str, target: Optional[float]) -> Optional[int]:
-    if target is None:
-        return None
-    for rec in metrics:
-        if rec.get(key) is not None and rec[key] >= target:
-            return int(rec["round"])
-    return None
+    hit = rounds_to_target(metrics, key, target)
+    return None if hit is None else int(hit["round"])
 
 
 def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] = None) -> list[Path]:

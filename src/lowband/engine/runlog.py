@@ -25,6 +25,8 @@ from typing import Any, Optional
 import torch
 
 from lowband.config import Experiment
+from lowband.engine.runlock import LOCK_NAME, RunLock, lock_holder
+from lowband.metricdir import reaches
 
 
 class RunDirError(RuntimeError):
@@ -212,29 +214,49 @@ class RunLog:
         #: log.tensorboard: metrics also go to RUN/tb/ (lowband.tblog), opened at the first line
         self.tensorboard = False
         self._tb: Any = None
+        #: the folder's one-writer lock (lowband.engine.runlock), held from :meth:`open` to :meth:`release`
+        self.lock = RunLock(self.dir)
 
     # -- opening -------------------------------------------------------------------
     @classmethod
     def open(cls, exp: Experiment, *, resume: bool = False, run_dir: Optional[Path] = None) -> "RunLog":
         """Create a fresh run folder, or reopen one to resume. Refuses to overwrite results
-        or files lowband did not write (:meth:`check`)."""
+        or files lowband did not write, or a folder another process is writing (:meth:`check`).
+        The returned log holds the folder's lock (:mod:`lowband.engine.runlock`) until
+        :meth:`release`: checked again under it, the folder is as :meth:`check` found it."""
         log = cls.check(exp, resume=resume, run_dir=run_dir)
         d = log.dir
         try:
             d.mkdir(parents=True, exist_ok=True)
+            holder = log.lock.acquire()
+            if holder is not None:
+                raise RunDirError(_busy(d, holder))
+            try:  # another process may have written or finished a run here since the check
+                cls.check(exp, resume=resume, run_dir=d, _locked=True)
+            except BaseException:
+                log.release()
+                raise
             atomic_write_text(log.config_path, CONFIG_HEADER + exp.to_toml())
             if not resume:  # (a resumed run keeps what it started with; check() compared it)
                 atomic_write_text(log.dir / HYPERPARAMS_NAME, json.dumps(resolved_hyperparams(exp), indent=1))
         except OSError as exc:
+            log.release()
             raise RunDirError(f"run folder {d}: cannot write there ({exc.strerror or type(exc).__name__}); "
                               f"choose another out_dir (or --out)") from None
         log.tensorboard = exp.log.tensorboard
         return log
 
+    def release(self) -> None:
+        """Give back the folder's lock (the run has ended); another run may then write here."""
+        self.lock.release()
+
     @classmethod
-    def check(cls, exp: Experiment, *, resume: bool = False, run_dir: Optional[Path] = None) -> "RunLog":
-        """Raise :class:`RunDirError` if the run folder cannot be used as asked; writes
-        nothing (the CLI calls it before building the experiment, to refuse early)."""
+    def check(cls, exp: Experiment, *, resume: bool = False, run_dir: Optional[Path] = None,
+              _locked: bool = False) -> "RunLog":
+        """Raise :class:`RunDirError` if the run folder cannot be used as asked (another
+        process writes it, it holds results and this is no resume, ...); writes nothing (the
+        CLI calls it before building the experiment, to refuse early). ``_locked``: the
+        caller holds the folder's lock (:meth:`open`'s second look)."""
         log = cls(run_dir or exp.run_dir())
         d = log.dir
         if exp.log.tensorboard:  # a missing optional package is refused before anything is written
@@ -247,6 +269,9 @@ class RunLog:
                 raise ConfigError(str(exc)) from None
         if d.exists() and not d.is_dir():
             raise RunDirError(f"run folder {d} is a file, not a folder; choose another out_dir (or --out)")
+        holder = None if _locked else lock_holder(d)
+        if holder is not None:
+            raise RunDirError(_busy(d, holder))
         has_results = log.metrics_path.exists() or log.ckpt_path.exists() or log.summary_path.exists()
         if resume:
             if not log.config_path.exists():
@@ -280,9 +305,10 @@ class RunLog:
                 f"run folder {d} already holds results; pass --resume to continue it, or set out_dir=... "
                 f"(or name=...) to start a new one"
             )
-        elif d.is_dir() and any(p.name != "data.npz" for p in d.iterdir()) and not is_run_folder(d):
-            # data.npz: the arrays a Python API run keeps beside its results (lowband.api.run)
-            names = sorted(p.name for p in d.iterdir())
+        elif d.is_dir() and any(p.name not in ("data.npz", LOCK_NAME) for p in d.iterdir()) and not is_run_folder(d):
+            # data.npz: the arrays a Python API run keeps beside its results (lowband.api.run);
+            # the lock file: a run that stopped before it wrote anything
+            names = sorted(p.name for p in d.iterdir() if p.name != LOCK_NAME)
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             if all(re.fullmatch(r"seed-\d+", p.name) and p.is_dir() for p in d.iterdir()):
                 # the seed layout (lowband reproduce, --seeds): seed N lives in d/seed-N, and a seed
@@ -401,13 +427,19 @@ class RunLog:
         write_ledger(ledger, self.dir / LEDGER_FILE)
 
 
+def _busy(d: Path, holder: str) -> str:
+    return (f"run folder {d} is being written by another lowband process ({holder}); wait for it to end, "
+            f"or choose another out_dir (or --out)")
+
+
 def rounds_to_target(metrics: list[dict[str, Any]], key: str, target: Optional[float]) -> Optional[dict[str, Any]]:
-    """First evaluated round whose ``key`` reaches ``target``, with the bytes spent by then."""
+    """First evaluated round whose ``key`` reaches ``target`` (:func:`reaches`), with the
+    bytes spent by then."""
     if target is None:
         return None
     for rec in metrics:
         v = rec.get(key)
-        if v is not None and v >= target:
+        if v is not None and reaches(key, v, target):
             return {"round": rec["round"], "bytes": rec.get("bytes/total"), "declared_bytes": rec.get("declared/total")}
     return None
 

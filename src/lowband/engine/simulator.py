@@ -223,6 +223,7 @@ class Simulation:
         self.resume = resume
         self.progress = progress
         self.write = write
+        self._log: Optional[RunLog] = None  #: the run folder while :meth:`run` goes on (it holds its lock)
         if exp.threads:
             torch.set_num_threads(exp.threads)
         with config_errors("device"):
@@ -429,10 +430,13 @@ class Simulation:
                 except Exception:  # pragma: no cover - never mask the interrupting error
                     pass
             raise
+        finally:
+            if self._log is not None:  # the run folder's lock: another run may write there now
+                self._log.release()
 
     def _run(self) -> RunResult:
         exp = self.exp
-        log = RunLog.open(exp, resume=self.resume) if self.write else None
+        log = self._log = RunLog.open(exp, resume=self.resume) if self.write else None
         if log is not None and self.resume:
             # no longer a finished run (a restart rewrites its rounds, an extension adds some):
             # a summary left from before would call it finished, and its rounds lost while it runs

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -164,10 +165,14 @@ def _quote(text: str) -> str:
 def _batch_layout(rd: Path) -> bool:
     """``rd`` holds seed folders and no run of its own (made by ``lowband run CONFIG --seeds
     ...``, or seeds run before the config's own): the config's own seed goes to
-    ``rd/seed-<s>/`` too (lowband never writes a run into a folder holding other files)."""
-    from lowband.batch import seed_runs
+    ``rd/seed-<s>/`` too (lowband never writes a run into a folder holding other files). A
+    seed folder counts before its run has written its config (a run in its first seconds
+    holds only its lock there): :meth:`~lowband.engine.runlog.RunLog.check` refuses ``rd``
+    then too."""
+    from lowband.batch import SEED_PREFIX
 
-    return not (rd / "config.toml").exists() and bool(seed_runs(rd))
+    return (rd.is_dir() and not (rd / "config.toml").exists()
+            and any(p.is_dir() and re.fullmatch(re.escape(SEED_PREFIX) + r"\d+", p.name) for p in rd.iterdir()))
 
 
 def seed_overrides(config: str, overrides: list[str], seed: Optional[int]) -> list[str]:

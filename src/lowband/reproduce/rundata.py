@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from lowband.config import load_experiment
 from lowband.engine.checks import DecayWatch
+from lowband.engine.runlog import rounds_to_target
 from lowband.reproduce.cells import Cell
 
 
@@ -303,10 +304,9 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
     if m == "rounds_to_target":
         if d.target is None:
             return None, "no target"
-        for rec in d.metrics:
-            v = rec.get(d.main)
-            if v is not None and v >= d.target:
-                return float(rec["round"]), number_text(cell, float(rec["round"]))
+        hit = rounds_to_target(d.metrics, d.main, d.target)
+        if hit is not None:
+            return float(hit["round"]), number_text(cell, float(hit["round"]))
         return None, f"> {d.rounds_done}"
     if m == "bytes_per_round":
         b = bytes_per_round(d)
