@@ -185,27 +185,76 @@ def test_sweep_bad_value_is_refused_before_anything_runs(tmp_path: Path, capsys)
     assert not (tmp_path / "sw").exists()
 
 
+#: ``lowband.cli`` in a child process that stops for good (sleeps until it is killed) in the
+#: middle of one sweep cell: when run folder ``argv[2]`` is about to checkpoint round
+#: ``argv[3]`` (that round's metrics and timing already logged, the checkpoint still one
+#: round behind), it creates the file ``argv[1]`` and sleeps. The test kills it there: the
+#: same kill, at the same point, however loaded the machine is.
+GATED_CLI = """
+import sys, time
+from pathlib import Path
+from lowband.engine.runlog import RunLog
+from lowband.cli import main
+
+gate, cell, at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+save = RunLog.save_checkpoint
+
+def gated(self, state):
+    if self.dir.name == cell and state["round"] == at:
+        gate.write_text(str(at))
+        time.sleep(3600)  # killed here
+    save(self, state)
+
+RunLog.save_checkpoint = gated
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+def wait_for(path: Path, proc: subprocess.Popen, log: Path, deadline_s: float = 600.0) -> None:
+    """Wait until ``path`` exists; fail naming the child's stderr if it exits first, or after
+    ``deadline_s`` (generous: the child imports torch and trains under whatever load)."""
+    end = time.monotonic() + deadline_s
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep exited ({proc.returncode}) before {path.name} appeared: {log.read_text()}")
+        if time.monotonic() > end:
+            pytest.fail(f"{path.name} did not appear within {deadline_s:.0f} s: {log.read_text()}")
+        time.sleep(0.05)
+
+
 @pytest.mark.slow  # a real process killed mid-sweep and started again (~15 s)
 def test_sweep_killed_midway_resumes_without_redoing_finished_cells(tmp_path: Path) -> None:
+    """SIGKILL in the middle of the second cell (fp16: round 5's metrics logged, its
+    checkpoint at round 4), then the same sweep again: the finished cell is skipped untouched,
+    the killed one resumes and equals an uninterrupted run. The kill point is a gate in the
+    child, not a race against a poll (which under heavy CPU load killed too late, or ran
+    out of time before the cell started)."""
     cfg = digits_config(tmp_path, rounds=25)
     cfg["eval"] = {"every": 5}
     path = write_cfg(tmp_path / "c.toml", cfg)
     out = tmp_path / "sw"
     env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "lowband.cli", "sweep", str(path), "comm.codec=fp32,fp16,int8", "--out", str(out),
-           "--workers", "1", "-q"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = ["sweep", str(path), "comm.codec=fp32,fp16,int8", "--out", str(out), "--workers", "1"]
     first, second = out / "comm.codec=fp32", out / "comm.codec=fp16"
-    deadline = time.time() + 120
-    while time.time() < deadline and not ((first / "summary.json").exists() and (second / "checkpoint.pt").exists()):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    gate, log = tmp_path / "gate", tmp_path / "killed.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", GATED_CLI, str(gate), second.name, "5", *args, "-q"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            wait_for(gate, proc, log)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     assert (first / "summary.json").exists() and not (second / "summary.json").exists(), "killed too late"
     done_before = mtimes(first)
     ck_round = torch.load(second / "checkpoint.pt", weights_only=True)["round"]
     assert 0 < ck_round < 25
-    res = subprocess.run(cmd[:-1] + ["-v"], env=env, capture_output=True, text=True, timeout=300)
+    assert max(r["round"] for r in RunLog.read_jsonl(second / "metrics.jsonl")) > ck_round  # logged past it
+    res = subprocess.run([sys.executable, "-m", "lowband.cli", *args, "-v"], env=env, capture_output=True,
+                         text=True, timeout=1800)
     assert res.returncode == 0, res.stderr
     assert "skip    comm.codec=fp32" in res.stderr and "resumed comm.codec=fp16" in res.stderr, res.stderr
     assert mtimes(first) == done_before
@@ -288,6 +337,43 @@ def test_export_parquet(tmp_path: Path, capsys, monkeypatch) -> None:
                                   check_exact=True)
 
 
+def test_export_of_a_seed_without_a_ledger_exports_its_metrics_and_says_so(tmp_path: Path, capsys) -> None:
+    """A seed run from before ledger.csv was written (no ledger.csv and no checkpoint.pt)
+    was exported without a word: its metrics were there, but ledger.csv silently held the
+    other seeds only. Now it is exported with what it has (its metrics and timing, its rows
+    in the aggregate), as the export treats every missing file, and one warning line names
+    the seed folder and the table that has no rows for it."""
+    import csv
+    import io
+
+    base = tmp_path / "s"
+    for s in (0, 1):
+        d = base / f"seed-{s}"
+        d.mkdir(parents=True)
+        (d / "config.toml").write_text("")
+        (d / "summary.json").write_text(json.dumps({"seed": s, "rounds_completed": 1, "main_metric": "acc",
+                                                    "final": {"acc": 0.5 + s / 10}}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": 0.1 * r + s / 10}) + "\n"
+                                                 for r in (0, 1)))
+        (d / "timing.jsonl").write_text(json.dumps({"round": 1, "round_s": 0.5}) + "\n")
+    (base / "seed-0" / "ledger.csv").write_text("round,src,dst,direction,kind,bytes,declared\n1,0,-1,up,w,100,0\n")
+    rc, out, err = cli(capsys, "export", base, "--out", tmp_path / "x")
+    assert rc == 0, err
+    assert "wrote " in out and "seeds 0, 1" in out
+
+    def table(name: str) -> list[dict[str, str]]:
+        return list(csv.DictReader(io.StringIO((tmp_path / "x" / name).read_text())))
+
+    assert [r["seed"] for r in table("metrics.csv")] == ["0", "0", "1", "1"]  # seed 1 is not dropped
+    assert [r["seed"] for r in table("timing.csv")] == ["0", "1"]
+    assert [r["seed"] for r in table("ledger.csv")] == ["0"]  # the only ledger there is
+    assert [r["n"] for r in table("aggregate.csv")] == ["2", "2"]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(base / "seed-1") in lines[0] and "no ledger.csv and no checkpoint.pt" in lines[0]
+    assert "no ledger rows for it" in lines[0] and "timing" not in lines[0]
+
+
 def test_compare_shows_mean_and_std_of_a_seeds_folder(tmp_path: Path, capsys) -> None:
     cfg = digits_config(tmp_path, rounds=1)
     base = run_seeds(cfg, [0, 1], out=tmp_path / "s", workers=1, progress=False)
@@ -315,6 +401,48 @@ def test_seeds_finished_at_different_rounds_are_refused_not_averaged(tmp_path: P
     agg = json.loads((base / "aggregate.json").read_text())
     assert agg["n"] == 3 and agg["summary"]["rounds_completed"] == {"n": 3, "mean": 2.0, "std": 0.0,
                                                                     "ci_low": 2.0, "ci_high": 2.0}
+
+
+def test_aggregate_n_counts_the_values_averaged_not_the_runs(tmp_path: Path) -> None:
+    """aggregate.csv (and `lowband export`'s aggregate table) said n = 3 at a round where
+    one of 3 seeds had no value for a metric (null, or the key absent), while the mean,
+    std and CI rested on 2 values. Each metric now has its own ``<metric>.n``: the values
+    averaged, which the statistics use alone. Rounds that not every seed evaluated (4, 5
+    here) are left out, so the row's ``n`` is the seeds with a record there (3)."""
+    import csv
+    import io
+    import statistics
+
+    from lowband.batch import write_aggregate
+    from lowband.export import aggregate_rows
+
+    seeds = {0: [{"round": 0, "acc": 0.1, "bytes/total": 0}, {"round": 5, "acc": 0.5, "bytes/total": 10},
+                 {"round": 10, "acc": 0.7, "bytes/total": 20}],
+             1: [{"round": 0, "acc": 0.2, "bytes/total": 0}, {"round": 4, "acc": 0.4, "bytes/total": 8},
+                 {"round": 10, "acc": None, "bytes/total": 20}],  # acc null at round 10
+             2: [{"round": 0, "bytes/total": 0},  # acc absent at round 0
+                 {"round": 5, "acc": 0.6, "bytes/total": 10}, {"round": 10, "acc": 0.9, "bytes/total": 20}]}
+    dirs = []
+    for s, recs in seeds.items():
+        d = tmp_path / "s" / f"seed-{s}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"seed": s, "rounds_completed": 10, "main_metric": "acc",
+                                                    "final": {"acc": recs[-1]["acc"]}}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        dirs.append(d)
+    agg = write_aggregate(tmp_path / "s", dirs)
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "s" / "aggregate.csv").read_text())))
+    assert [r["round"] for r in rows] == ["0", "10"] and [r["n"] for r in rows] == ["3", "3"]
+    assert [r["acc.n"] for r in rows] == ["2", "2"] and [r["bytes/total.n"] for r in rows] == ["3", "3"]
+    for r, vals in zip(rows, ([0.1, 0.2], [0.7, 0.9])):
+        assert float(r["acc.mean"]) == pytest.approx(statistics.mean(vals))
+        assert float(r["acc.std"]) == pytest.approx(statistics.stdev(vals))
+    assert list(rows[0])[:4] == ["round", "n", "acc.n", "acc.mean"]
+    assert [row["count"]["acc"] for row in agg["rounds"]] == [2, 2]
+    assert json.loads((tmp_path / "s" / "aggregate.json").read_text())["rounds"][1]["count"] == {
+        "acc": 2, "bytes/total": 3}
+    # `lowband export`'s aggregate table is the same rows
+    assert [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in aggregate_rows(dirs)] == rows
 
 
 def test_tables_show_a_loss_in_its_own_unit_not_as_a_percentage(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -173,6 +173,52 @@ def test_retime_time_to_target_reached_at_round_0_is_0_not_missing(tmp_path: Pat
     assert row["lte_s"] == 3.5 and row["lte_to_target_s"] == 0.0
 
 
+def test_retime_a_cell_whose_runs_never_measured_the_metric_is_not_ranked(tmp_path: Path, monkeypatch) -> None:
+    """A cell whose every run has a null final metric (frontier.csv writes its ``final``
+    empty) crashed `lowband retime` (``float("")``). It is re-timed, but it gets no rank and
+    no Pareto mark (it cannot be placed in a trade-off: ranked by bytes it would have read
+    as the cheapest) and reads "not measured" in retime.md; the measured cells rank among
+    themselves."""
+    import json
+
+    import lowband.tradeoff as tr
+    from lowband.export import records_csv_text
+
+    def run(d: Path, final: float | None, total: int, seed: int | None = None) -> None:
+        d.mkdir(parents=True)
+        (d / "config.toml").write_text("")
+        (d / "summary.json").write_text(json.dumps({"main_metric": "global/acc", "final": {"global/acc": final},
+                                                    "seed": seed, "rounds_completed": 2, "rounds_to_target": None,
+                                                    "bytes_to_target": None}))
+        (d / "metrics.jsonl").write_text(json.dumps({"round": 2, "global/acc": final, "bytes/up": total // 2,
+                                                     "declared/up": 0, "bytes/total": total,
+                                                     "declared/total": 0}) + "\n")
+
+    run(tmp_path / "a", 0.9, 3_000)
+    for s in (0, 1):  # two seeds, neither measured the metric: the cell is the cheapest by bytes
+        run(tmp_path / "b" / f"seed-{s}", None, 1_000, seed=s)
+    run(tmp_path / "c", 0.8, 2_000)
+    cells = [{"method": "m", "codec": c, "status": "ok", "metric": "global/acc", "final": f, "dir": c}
+             for c, f in (("a", 0.9), ("b", None), ("c", 0.8))]
+    (tmp_path / "frontier.csv").write_text(records_csv_text(cells, ["method", "codec", "status", "metric", "final",
+                                                                    "dir"]))
+    monkeypatch.setattr(tr, "retime_run", lambda d, presets, data_dir=None: {
+        p: [{"round": 1, "time/round_s": 1.0, "time/sim_s": 1.0},
+            {"round": 2, "time/round_s": 1.0, "time/sim_s": 2.0}] for p in presets})
+    rows = tr.retime_frontier(tmp_path, ["lte"])
+    assert [r["final"] for r in rows] == [0.9, None, 0.8]
+    assert [r["bytes_total"] for r in rows] == [3_000, 1_000, 2_000]  # re-timed all the same
+    assert [r["rank_bytes"] for r in rows] == [2, None, 1]
+    assert [r["pareto_bytes"] for r in rows] == [True, None, True]
+    assert [r["rank_lte"] for r in rows] == [1, None, 1] and [r["pareto_lte"] for r in rows] == [True, None, False]
+    csv_rows = list(csv.DictReader(io.StringIO((tmp_path / "retime.csv").read_text())))
+    assert [(r["final"], r["rank_bytes"], r["pareto_bytes"]) for r in csv_rows][1] == ("", "", "")
+    md = (tmp_path / "retime.md").read_text()
+    line_b = next(ln for ln in md.splitlines() if ln.startswith("| m | `b`"))
+    assert "not measured" in line_b and "*" not in line_b and "(" not in line_b.replace("`b`", "")
+    assert "Not measured (no run of the cell has a final global/acc" in md and ": m/b" in md
+
+
 # --------------------------------------------------------------------------- runs
 
 

@@ -837,3 +837,37 @@ def test_a_gone_seed_measured_under_another_config_is_dropped_with_a_warning(
     row = _row(tmp_path / "out" / "toy.md", "t/acc")
     assert "±" not in row[4] and "kept" not in row[6], row
     assert "t/acc: the previous table's value of seed 0 was measured under another version of" in err, err
+
+
+def test_collect_at_fewer_rounds_does_not_keep_values_of_more_rounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``--collect --rounds 1`` beside a table measured at 2 rounds, seed 1's folder gone:
+    seed 1's round-2 value must not be kept (it stood alone as the cell, seed 0 read at
+    round 1 counting as "behind"); a cell read at a fixed round within the rounds asked
+    would be the same value and is kept."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path, seeds=[0, 1])
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    seed0_r1 = 100 * RunLog.read_jsonl(tmp_path / "runs" / "toy" / "metrics.jsonl")[1]["consensus/acc"]
+    shutil.rmtree(tmp_path / "runs" / "toy" / "seed-1")
+    capsys.readouterr()
+    assert main([*args, "--collect", "--rounds", "1"]) == 0
+    err = capsys.readouterr().err
+    row = _row(tmp_path / "out" / "toy.md", "t/acc")
+    assert row[4] == f"{seed0_r1:.2f}" and row[5] == "1/1" and "kept" not in row[6], row
+    assert "seed 1 is from round 2, past the 1 rounds asked; not kept" in err, err
+    # every folder gone: the whole cell's round-2 value is not kept at --rounds 1 either
+    main([*args, "--collect"])  # back to a 2-round table (seed 1 kept)
+    shutil.rmtree(tmp_path / "runs")
+    capsys.readouterr()
+    assert main([*args, "--collect", "--rounds", "1"]) == 0
+    row = _row(tmp_path / "out" / "toy.md", "t/acc")
+    assert row[4] == "" and "of more rounds than 1" in row[6], row
+    from lowband.reproduce.cells import Cell
+    from lowband.reproduce.table import _past_asked
+    assert not _past_asked(Cell("c", "t", "cfg", "consensus/acc", round=1), 2, 1)
+    assert _past_asked(Cell("c", "t", "cfg", "consensus/acc"), 2, 1)
+    assert not _past_asked(Cell("c", "t", "cfg", "consensus/acc"), 2, 2)

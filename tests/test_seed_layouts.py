@@ -133,6 +133,22 @@ def test_load_run_reads_the_batch_layout_and_leaves_out_unfinished_and_repeated_
         lb.load_run(b)
 
 
+def test_an_aggregate_json_from_before_the_per_metric_counts_is_recounted(reproduce_layout: Path,
+                                                                          tmp_path: Path) -> None:
+    """An aggregate.json written before each metric had its own count (``count`` per round,
+    ``<metric>.n`` in the table) is not shown with an unknown n: load_run recounts it."""
+    from lowband.batch import write_aggregate
+
+    b = _batch_copy(reproduce_layout, tmp_path / "B")
+    write_aggregate(b, [b / "seed-0", b / "seed-1"])
+    old = json.loads((b / "aggregate.json").read_text())
+    for row in old["rounds"]:
+        del row["count"]
+    (b / "aggregate.json").write_text(json.dumps(old))
+    res = lb.load_run(b)
+    assert list(res.aggregate[f"{res.main_metric}.n"]) == [2, 2]
+
+
 @pytest.mark.parametrize("layout", ["run+seeds", "seeds"])
 def test_export_writes_every_seed_and_the_aggregate(reproduce_layout: Path, tmp_path: Path, layout: str,
                                                     capsys: pytest.CaptureFixture) -> None:

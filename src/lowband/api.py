@@ -415,8 +415,10 @@ class SeedResults:
 
     @property
     def aggregate(self) -> Any:
-        """DataFrame, one row per round: ``round``, ``n``, then ``<metric>.mean``, ``.std``,
-        ``.ci_low``, ``.ci_high`` (the 95% t interval) of every metric."""
+        """DataFrame, one row per round: ``round``, ``n`` (the seeds with a record at that
+        round), then ``<metric>.n`` (the values averaged: a seed that did not measure the
+        metric there is not counted), ``.mean``, ``.std``, ``.ci_low``, ``.ci_high`` (the
+        95% t interval) of every metric."""
         import io
 
         from lowband.batch import aggregate_csv_text
@@ -634,6 +636,8 @@ def _load_seeds(base: Path, folders: Any = None) -> SeedResults:
     agg = json.loads(agg_path.read_text()) if agg_path.exists() else aggregate_dirs(dirs)
     if [str(Path(d)) for d in agg.get("runs", [])] != [str(d) for d in dirs]:
         agg = aggregate_dirs(dirs)  # seeds added or moved since the aggregate was written
+    elif any("count" not in row for row in agg.get("rounds", [])):
+        agg = aggregate_dirs(dirs)  # written before the per-metric counts: recount, never show the run count
     return SeedResults([_load_one(d) for d in dirs], base, agg, layout=folders.layout, left_out=folders.left_out)
 
 

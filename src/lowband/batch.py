@@ -4,7 +4,8 @@
   per seed into ``RUN/seed-<s>/`` and writes ``RUN/aggregate.json`` and
   ``RUN/aggregate.csv``: per evaluated round and for the summary, the mean, the standard
   deviation (ddof=1) and a 95% confidence interval (Student t, n-1 degrees of freedom) of
-  every numeric metric over the seeds.
+  every numeric metric over the seeds, with n the number of values averaged (a seed
+  that did not measure a metric at a round is not counted for it).
 - **Sweeps**: ``lowband sweep CONFIG key=a,b,c key2=x,y [--seeds ...]`` (``lb.sweep``)
   runs every cell of the grid into ``OUT/<key=value>__.../`` (with ``seed-<s>/`` inside
   when seeds are given), then writes ``OUT/sweep.md``, ``OUT/sweep.csv`` (one row per
@@ -42,6 +43,8 @@ from lowband.console import BatchProgress, log, quiet, round_info
 SEED_PREFIX = "seed-"
 AGGREGATE_JSON = "aggregate.json"
 AGGREGATE_CSV = "aggregate.csv"
+#: the statistics of a metric per round besides its count (:func:`aggregate`)
+ROUND_STATS = ("mean", "std", "ci_low", "ci_high")
 BACKENDS = ("process", "ray", "serial")
 
 
@@ -526,7 +529,14 @@ def flat_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 def aggregate(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> dict[str, Any]:
     """Mean/std/CI over runs (``(summary, metrics)`` pairs) per round (rounds all runs
-    evaluated) and of the summary's numbers."""
+    evaluated) and of the summary's numbers.
+
+    Each round's row: ``n``, the runs with a record at that round (every run: a round some
+    run did not evaluate is left out, not averaged over fewer runs), and per metric
+    ``count`` (the values averaged: a null or missing value in a run's record is not
+    counted), ``mean``, ``std``, ``ci_low``, ``ci_high`` over those values only. A metric's
+    own count is what its statistics rest on; the row's ``n`` alone would overstate it
+    where a run did not measure that metric at that round."""
     rounds = None
     for _, metrics in runs:
         rs = [int(r["round"]) for r in metrics]
@@ -541,11 +551,12 @@ def aggregate(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> di
     for r in rounds or []:
         recs = [next(m for m in metrics if int(m["round"]) == r) for _, metrics in runs]
         row: dict[str, Any] = {"round": r, "n": len(recs)}
-        for part in ("mean", "std", "ci_low", "ci_high"):
+        for part in ("count", *ROUND_STATS):
             row[part] = {}
         for k in keys:
             s = stats(rec.get(k) for rec in recs)
-            for part in ("mean", "std", "ci_low", "ci_high"):
+            row["count"][k] = s["n"]
+            for part in ROUND_STATS:
                 row[part][k] = s[part]
         per_round.append(row)
     flat = [flat_summary(s) for s, _ in runs]
@@ -595,17 +606,29 @@ def aggregate_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
     return agg
 
 
-def aggregate_csv_text(agg: dict[str, Any]) -> str:
-    """One row per round: ``round, n``, then ``<metric>.mean/.std/.ci_low/.ci_high``."""
-    from lowband.export import records_csv_text
-
+def aggregate_round_records(agg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``aggregate.csv`` (and of ``lowband export``'s aggregate table): per
+    round ``round, n`` (runs with a record at that round), then per metric ``<metric>.n``
+    (the values averaged), ``.mean``, ``.std``, ``.ci_low``, ``.ci_high``. An
+    ``aggregate.json`` written before the per-metric counts existed gives an empty
+    ``<metric>.n`` (unknown), never the run count in its place."""
     rows = []
     for row in agg["rounds"]:
         rec: dict[str, Any] = {"round": row["round"], "n": row["n"]}
+        count = row.get("count") or {}
         for k in row["mean"]:
-            for part in ("mean", "std", "ci_low", "ci_high"):
+            rec[f"{k}.n"] = count.get(k)
+            for part in ROUND_STATS:
                 rec[f"{k}.{part}"] = row[part][k]
         rows.append(rec)
+    return rows
+
+
+def aggregate_csv_text(agg: dict[str, Any]) -> str:
+    """``aggregate.csv``: :func:`aggregate_round_records` as CSV."""
+    from lowband.export import records_csv_text
+
+    rows = aggregate_round_records(agg)
     return records_csv_text(rows) if rows else "round,n\n"
 
 
@@ -751,5 +774,6 @@ def cmd_sweep(args: Any) -> int:
 
 
 __all__ = ["AGGREGATE_CSV", "AGGREGATE_JSON", "BatchError", "Cell", "Job", "aggregate", "aggregate_dirs",
+           "aggregate_round_records",
            "cmd_run_seeds", "cmd_sweep", "parse_grid", "parse_seeds", "run_jobs", "run_seeds", "run_state",
            "run_sweep", "seed_runs", "split_values", "stats", "write_aggregate"]

@@ -11,7 +11,9 @@ crossed the link; ``declared``: bytes counted but never built, design rule 2). I
 (:func:`lowband.report.find_runs`: every seed in ``RUN/seed-<s>/``, or a run in ``RUN``
 plus ``RUN/seed-<s>/`` beside it): all seeds, with a ``seed`` column, plus ``aggregate``
 (one row per round: mean, std and 95% CI of every metric over the seeds, as
-``aggregate.csv`` of ``lowband run --seeds``). CSV needs nothing beyond the core dependencies; Parquet needs pyarrow
+``aggregate.csv`` of ``lowband run --seeds``). A run or seed without a ledger (no
+ledger.csv, no checkpoint.pt: older runs) or timing.jsonl is exported with what it has, and
+a warning line names it (:func:`export_run`). CSV needs nothing beyond the core dependencies; Parquet needs pyarrow
 (``pip install 'lowband[analysis]'``). pandas is needed only for DataFrames
 (:func:`require_pandas`).
 """
@@ -220,24 +222,43 @@ def export_folders(run: str | Path) -> Optional[Any]:
 
 def aggregate_rows(dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """One row per round over the runs in ``dirs``: ``round, n``, then
-    ``<metric>.mean/.std/.ci_low/.ci_high`` (as ``aggregate.csv`` of ``lowband run --seeds``)."""
-    from lowband.batch import aggregate_dirs
+    ``<metric>.n/.mean/.std/.ci_low/.ci_high`` (as ``aggregate.csv`` of ``lowband run
+    --seeds``, :func:`lowband.batch.aggregate_round_records`)."""
+    from lowband.batch import aggregate_dirs, aggregate_round_records
 
-    rows = []
-    for row in aggregate_dirs(dirs)["rounds"]:
-        rec: dict[str, Any] = {"round": row["round"], "n": row["n"]}
-        for k in row["mean"]:
-            for part in ("mean", "std", "ci_low", "ci_high"):
-                rec[f"{k}.{part}"] = row[part][k]
-        rows.append(rec)
-    return rows
+    return aggregate_round_records(aggregate_dirs(dirs))
+
+
+def missing_tables(run_dir: Path, has_ledger: bool, has_timing: bool) -> Optional[str]:
+    """One line naming what a run folder lacks for the export, or None when it has it all:
+    its ledger (no ledger.csv and no checkpoint.pt to read it from: a run from before
+    ledger.csv was written) and its timing.jsonl."""
+    lacks = []
+    if not has_ledger:
+        lacks.append(f"no {LEDGER_FILE} and no checkpoint.pt (a run from before {LEDGER_FILE} was written), so "
+                     f"the export has no ledger rows for it")
+    if not has_timing:
+        lacks.append("no timing.jsonl, so the export has no timing rows for it")
+    if not lacks:
+        return None
+    return (f"lowband export: {run_dir} has " + "; and ".join(lacks) + "; its metrics are exported "
+            f"(re-run it into a new folder to record the missing tables)")
 
 
 def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = None) -> list[Path]:
     """Write metrics, ledger and timing tables of a finished run (or seeds) folder into
     ``out`` (default ``RUN/export``); returns the paths written. A seeds folder (either
     layout, :func:`export_folders`) gives every seed's rows with a ``seed`` column (the
-    seed of each run's summary) and an ``aggregate`` table over the seeds."""
+    seed of each run's summary) and an ``aggregate`` table over the seeds.
+
+    Missing files are treated as everywhere in the export (a run folder without a ledger
+    gets no ledger table; an unfinished seed is left out and named): a run, or a seed,
+    that lacks its ledger (no ledger.csv and no checkpoint.pt, e.g. a run from before
+    ledger.csv was written) or its timing.jsonl is still exported with what it has (its
+    metrics, and its rows in the aggregate), and one warning line per such folder
+    (:func:`missing_tables`, on the ``lowband`` logger: stderr) names it and the tables
+    that hold no rows for it, so an export that lacks a seed's ledger is never silent."""
+    from lowband.console import log
     from lowband.engine.runlog import RunLog
 
     if fmt not in FORMATS:
@@ -253,10 +274,14 @@ def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = No
     metrics: list[dict[str, Any]] = []
     timing: list[dict[str, Any]] = []
     ledgers: list[dict[str, np.ndarray]] = []
+    gaps: list[str] = []
     for seed, d in runs:
         m = RunLog.read_jsonl(d / "metrics.jsonl")
         t = RunLog.read_jsonl(d / "timing.jsonl")
         led = run_ledger(d)
+        gap = missing_tables(d, led is not None, bool(t))
+        if gap:
+            gaps.append(gap)
         if seed is not None:
             m, t = _with_seed(m, seed), _with_seed(t, seed)
             if led is not None:
@@ -265,6 +290,8 @@ def export_run(run: str | Path, fmt: str = "csv", out: Optional[str | Path] = No
         timing += t
         if led is not None:
             ledgers.append(led)
+    for gap in gaps:  # every folder read without error: now say what the export lacks
+        log.warning("%s", gap)
     dest = Path(out) if out else root / "export"
     dest.mkdir(parents=True, exist_ok=True)
     paths = [_write_table(metrics, dest / f"metrics.{fmt}", fmt)]
@@ -289,4 +316,4 @@ def cmd_export(args: Any) -> int:
 
 
 __all__ = ["ExportError", "LEDGER_COLUMNS", "LEDGER_FILE", "aggregate_rows", "export_folders", "export_run", "ledger_columns", "read_ledger",
-           "require_pandas", "run_ledger", "write_ledger"]
+           "missing_tables", "require_pandas", "run_ledger", "write_ledger"]

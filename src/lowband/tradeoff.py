@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 from lowband.batch import (BatchError, Cell, Job, cell_dirname, parse_seeds, raw_config, run_jobs, seed_jobs,
                            split_values, stats, write_aggregate)
 from lowband.config import ConfigError, parse_override, validate
+from lowband.metricdir import higher_is_better
 
 FILES = ("frontier.csv", "frontier.md", "frontier.png")
 
@@ -103,13 +104,6 @@ def is_lossy(spec: str) -> bool:
 
 
 # --------------------------------------------------------------------------- Pareto
-
-
-def higher_is_better(metric: Optional[str]) -> bool:
-    """Whether a larger value of ``metric`` is better: accuracies yes; losses and spreads
-    (``*/loss``, ``node_global/acc_std``) no, so the Pareto front minimises them."""
-    m = str(metric or "")
-    return not (m.endswith("loss") or m.endswith("_std"))
 
 
 def pareto_mask(points: Sequence[tuple[Optional[float], Optional[float]]], *, maximise: bool = True) -> list[bool]:
@@ -508,6 +502,16 @@ def _rank(values: Sequence[Optional[float]]) -> list[Optional[int]]:
     return [None if v is None else got.index(v) + 1 for v in values]
 
 
+def _csv_number(text: Optional[str]) -> Optional[float]:
+    """A number read back from ``frontier.csv``; None for an empty field, which is how
+    :func:`lowband.export.records_csv_text` writes None and NaN (e.g. the final metric of a
+    cell whose runs never measured it)."""
+    if text is None or not text.strip():
+        return None
+    v = float(text)
+    return None if math.isnan(v) else v
+
+
 def _cell_runs(d: Path) -> list[Path]:
     """A frontier cell's finished runs: the cell folder, or its ``seed-<s>/`` folders (``--seeds``)."""
     from lowband.report import ReportError, find_runs
@@ -557,7 +561,9 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
     time, time-to-target, their ranks and the Pareto marks; the Markdown lists where the
     ranking by time differs from the ranking by bytes. A frontier run with ``--seeds`` is
     re-timed seed by seed; its numbers are the means over the seeds (to target: over the
-    seeds that reached it)."""
+    seeds that reached it). A cell without a final metric (an empty ``final`` in
+    frontier.csv: no run measured it) is re-timed too but gets no rank and no Pareto mark
+    (None in retime.csv) and reads "not measured" in retime.md."""
     import csv
 
     from lowband.engine.runlog import atomic_write_text
@@ -574,25 +580,36 @@ def retime_frontier(frontier_dir: str | Path, presets: Sequence[str], data_dir: 
     for c in cells:
         per_seed = [_retime_one(d, presets, data_dir) for d in _cell_runs(out / c["dir"])]
         row: dict[str, Any] = {"method": c["method"], "codec": c["codec"], "metric": c.get("metric") or "",
-                               "final": float(c["final"])}
+                               "final": _csv_number(c.get("final"))}
         for key in per_seed[0]:
             row[key] = _seed_mean([r.get(key) for r in per_seed])
         rows.append(row)
     cols = ["method", "codec", "final", "bytes_up", "bytes_total", "rank_bytes", "pareto_bytes", "bytes_to_target",
             "rank_bytes_to_target"]
-    for r, k in zip(rows, _rank([r["bytes_total"] for r in rows])):
-        r["rank_bytes"] = k
-    for r, k in zip(rows, _rank([r["bytes_to_target"] for r in rows])):
-        r["rank_bytes_to_target"] = k
+    # a cell whose runs never measured the final metric has no place in a trade-off: no
+    # rank, no Pareto mark (None, not False: it was not compared), "not measured" in the table
+    measured = [r["final"] is not None for r in rows]
     up = higher_is_better(rows[0]["metric"])
-    for r, m in zip(rows, pareto_mask([(r["final"], r["bytes_total"]) for r in rows], maximise=up)):
+
+    def rank(key: str) -> list[Optional[int]]:
+        return _rank([r[key] if m else None for r, m in zip(rows, measured)])
+
+    def pareto(cost: str) -> list[Optional[bool]]:
+        marks = pareto_mask([(r["final"], r[cost]) for r in rows], maximise=up)
+        return [mark if m else None for mark, m in zip(marks, measured)]
+
+    for r, k in zip(rows, rank("bytes_total")):
+        r["rank_bytes"] = k
+    for r, k in zip(rows, rank("bytes_to_target")):
+        r["rank_bytes_to_target"] = k
+    for r, m in zip(rows, pareto("bytes_total")):
         r["pareto_bytes"] = m
     for name in presets:
-        for r, k in zip(rows, _rank([r[f"{name}_s"] for r in rows])):
+        for r, k in zip(rows, rank(f"{name}_s")):
             r[f"rank_{name}"] = k
-        for r, k in zip(rows, _rank([r[f"{name}_to_target_s"] for r in rows])):
+        for r, k in zip(rows, rank(f"{name}_to_target_s")):
             r[f"rank_{name}_to_target"] = k
-        for r, m in zip(rows, pareto_mask([(r["final"], r[f"{name}_s"]) for r in rows], maximise=up)):
+        for r, m in zip(rows, pareto(f"{name}_s")):
             r[f"pareto_{name}"] = m
         cols += [f"{name}_s", f"rank_{name}", f"pareto_{name}", f"{name}_to_target_s", f"rank_{name}_to_target"]
         if any(f"{name}_j" in r for r in rows):
@@ -623,7 +640,9 @@ def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> s
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         btt = r["bytes_to_target"]
-        cells = [r["method"], f"`{r['codec']}`", f"{100 * r['final']:.2f}" if pct else f"{r['final']:.4g}", ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
+        final = ("not measured" if r["final"] is None else f"{100 * r['final']:.2f}" if pct
+                 else f"{r['final']:.4g}")
+        cells = [r["method"], f"`{r['codec']}`", final, ranked(fmt_bytes(r["bytes_total"]), r["rank_bytes"]),
                  "*" if r["pareto_bytes"] else "", ranked(fmt_bytes(btt) if btt is not None else "-", r["rank_bytes_to_target"])]
         for name in presets:
             cells += [ranked(t(r[f"{name}_s"]), r[f"rank_{name}"]), "*" if r[f"pareto_{name}"] else "",
@@ -650,9 +669,12 @@ def retime_markdown(rows: Sequence[dict[str, Any]], presets: Sequence[str]) -> s
             line += "; Pareto set " + ", ".join([f"+{c}" for c in sorted(front - fb)] + [f"-{c}" for c in sorted(fb - front)])
         diffs.append(line)
     bound = "at least" if higher_is_better(metric) else "at most"
+    unmeasured = [f"{r['method']}/{r['codec']}" for r in rows if r["final"] is None]
+    note = ("\n\nNot measured (no run of the cell has a final " + (metric or "main metric") + "; left out of the "
+            "ranks and the Pareto marks): " + ", ".join(unmeasured)) if unmeasured else ""
     return ("Ranks in parentheses (1 = fewest bytes / least simulated time; to target: among the cells that "
             f"reach it); `*`: Pareto-optimal (no other cell reaches {bound} its final metric for less).\n\n"
-            + "\n".join(lines) + "\n\nRankings by bytes and by time:\n\n" + "\n".join(diffs) + "\n")
+            + "\n".join(lines) + note + "\n\nRankings by bytes and by time:\n\n" + "\n".join(diffs) + "\n")
 
 
 def cmd_retime(args: Any) -> int:

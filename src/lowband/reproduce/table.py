@@ -55,8 +55,7 @@ def kept_seeds(note: str, rounds: str, on_disk: set[int]) -> dict[int, KeptSeed]
     ``rounds`` is that table's *rounds* column (``"0-30/30"``): the kept values are from
     its furthest round. A seed that was behind, or had no value, is not kept (``> 30``, a
     target not reached, is a value)."""
-    done = re.match(r"(?:\d+-)?(\d+)/\d+", rounds.strip())
-    furthest = int(done.group(1)) if done else 0
+    furthest = _furthest(rounds)
     out: dict[int, KeptSeed] = {}
     for m in re.finditer(r"(?:^|, )(\d+): (.*?)(?=, \d+: |$)", note):
         s, text = int(m.group(1)), m.group(2).strip()
@@ -281,6 +280,21 @@ def _same_run(where: str, config: str, overrides: list[str]) -> bool:
     return Path(m.group(1)).name == Path(rd).name
 
 
+def _furthest(rounds: str) -> int:
+    """How far a previous table's runs had got, from its *rounds* column (``"0-30/30"``)."""
+    done = re.match(r"(?:\d+-)?(\d+)/\d+", rounds.strip())
+    return int(done.group(1)) if done else 0
+
+
+def _past_asked(cell: Cell, furthest: int, asked: int) -> bool:
+    """Whether a value kept from a previous table whose runs had got to round ``furthest``
+    is not ``cell``'s value at the rounds asked now (``asked``: the config's rounds, or
+    ``--rounds``): a cell read at the run's end kept from more rounds than asked would stand
+    for a round-``asked`` value (and turn the seeds on disk, read at ``asked``, into
+    "behind"); a cell read at a fixed round within ``asked`` is the same value either way."""
+    return furthest > asked and (cell.round is None or cell.round > asked)
+
+
 def _rounds_text(cell: Cell, runs: list[RunData], kept: Optional[dict[int, KeptSeed]] = None) -> str:
     kept = kept or {}
     done = sorted({d.rounds_done for d in runs} | {k.rounds for k in kept.values()})
@@ -306,6 +320,9 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 print(f"  warning: {cfg}: {e}", file=sys.stderr)
                 cache[cfg] = {}
         return cache[cfg]
+
+    def asked(cfg: str) -> int:  # the rounds the table is of: the config's, or --rounds
+        return int(load_experiment(cfg, overrides).rounds)
 
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
     tables: dict[str, list[Cell]] = {}
@@ -340,6 +357,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 print(f"  warning: {c.id}: the previous table's value was measured under another version of "
                       f"{c.config} (its settings changed since); not kept", file=sys.stderr)
                 ours, rounds, where = "", "", "not run (the config changed since the value the table had)"
+            elif not runs and c.id in previous and _past_asked(c, _furthest(previous[c.id][1]), asked(c.config)):
+                print(f"  warning: {c.id}: the previous table's value is from round {_furthest(previous[c.id][1])}, "
+                      f"past the {asked(c.config)} rounds asked; not kept", file=sys.stderr)
+                ours, rounds, where = "", "", f"not run (the previous table's value is of more rounds than {asked(c.config)})"
             elif not runs and c.id in previous:
                 ours, rounds, where = previous[c.id]
                 if "kept from the previous table" not in where:
@@ -363,6 +384,12 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                     note = seed_note(previous, c.id, c.config, overrides)
                     held = {s: k if k.cpu_hours is not None else replace(k, cpu_hours=seed_hours.get((c.config, s)))
                             for s, k in kept_seeds(note, previous[c.id][1], set(runs) | set(left_out)).items()}
+                    past = [s for s, k in held.items() if _past_asked(c, k.rounds, asked(c.config))]
+                    if past:
+                        print(f"  warning: {c.id}: the previous table's value of seed {', '.join(map(str, past))} is "
+                              f"from round {held[past[0]].rounds}, past the {asked(c.config)} rounds asked; not kept",
+                              file=sys.stderr)
+                        held = {s: k for s, k in held.items() if s not in past}
                 ours, per_seed = seeds_value(c, runs, refs, held)
                 rounds = _rounds_text(c, list(runs.values()), held)
                 base = next(iter(runs.values())).dir
