@@ -30,6 +30,7 @@ from lowband.flower import FlowerRun, client_app, server_app  # noqa: E402
 def _config(tmp_path: Path, algorithm: str, name: str, rounds: int = 2, **alg: object) -> dict:
     cfg = {
         "name": f"fl-{algorithm}-{name}", "seed": 3, "rounds": rounds, "out_dir": str(tmp_path / name),
+        "threads": 1,  # float reductions depend on the thread count: pin it so the two paths compare
         "data": {"dataset": "digits", "num_clients": 10, "partition": "dirichlet", "alpha": 0.5, "min_size": 20,
                  "split": [0.75, 0.0, 0.25]},
         "model": {"name": "mlp", "hidden": 32},
@@ -106,6 +107,8 @@ def test_adapter_reproduces_lowband(tmp_path: Path, algorithm: str, task_identit
     got = (tmp_path / "flower" / "metrics.jsonl").read_text()
     assert got == ref
     assert grid.sent > 0
+    from lowband.engine.runlock import lock_holder
+    assert lock_holder(tmp_path / "flower") is None  # the run folder's lock is given back at the end
 
 
 def test_peer_algorithms_are_refused(tmp_path: Path, task_identity) -> None:

@@ -485,6 +485,14 @@ class FlowerRun:
         exp, sim = self.exp, self.sim
         self.connect()
         log = RunLog.open(exp) if self.write else None
+        try:
+            return self._run(log)
+        finally:
+            if log is not None:  # the run folder's lock (lowband.engine.runlock)
+                log.release()
+
+    def _run(self, log: Optional[RunLog]) -> list[dict[str, Any]]:
+        exp, sim = self.exp, self.sim
         if log is not None:
             log.truncate_after(-1)
             flwr_log(INFO, "lowband: %s (%s, %d clients, %d rounds) -> %s", exp.name, exp.algorithm.name,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lowband.config import load_experiment
+from lowband.engine.runlog import atomic_write_text
 from lowband.reproduce.cells import _overrides, load_cells, locate, run_plan, seed_overrides, select, with_seeds
 from lowband.reproduce.dryrun import dry_run
 from lowband.reproduce.plan import _seed_of, kept_runs, run_config
@@ -54,7 +55,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         else f"lowband reproduce {args.paper}"
     md = table_markdown(args.paper, cells, overrides, command, previous)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md + "\n")
+    # whole or not at all: two reproduce side by side (one per core) each write it at their end
+    atomic_write_text(out, md + "\n")
     print(md)
     print(f"wrote {out}")
     if skipped:
