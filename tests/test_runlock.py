@@ -122,3 +122,21 @@ def test_reproduce_skips_a_run_another_process_makes_and_makes_the_next(
     assert _row(tmp_path / "out" / "toy_table.md", "t/acc")[4].endswith("(n=2)")
     live.release()
     shutil.rmtree(busy)
+
+
+def test_a_file_system_without_locks_runs_unlocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A mount that refuses ``flock`` (ENOLCK) must not stop runs: they go on unlocked."""
+    import errno
+
+    from lowband.engine import runlock
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(runlock.fcntl, "flock", no_locks)
+    lock = RunLock(tmp_path)
+    assert lock.acquire() is None and not lock.held and lock_holder(tmp_path) is None
+    cfg, run = _config(tmp_path, rounds=1)
+    rc, _, err = cli(capsys, "run", str(cfg), "--quiet")
+    assert rc == 0, err

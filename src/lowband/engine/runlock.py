@@ -15,7 +15,8 @@ however it ends (a crash, ``kill -9``), so a lock file left behind blocks nobody
 stays (removing it while another process waits to lock it would let two hold a lock each).
 The file says which process holds it (pid, host, since when) for the refusal's message.
 
-Where ``fcntl`` does not exist (Windows) runs are not locked.
+Where ``fcntl`` does not exist (Windows), or the file system refuses locks (some network
+mounts), runs are not locked.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def lock_holder(run_dir: Path) -> Optional[str]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return _who(path)
+        except OSError:  # a file system without locks (some network mounts): nobody can hold one
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -87,6 +90,9 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             return _who(self.path)
+        except OSError:  # a file system without locks (some network mounts): the run goes on unlocked
+            os.close(fd)
+            return None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                  .encode())
