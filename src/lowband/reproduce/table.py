@@ -321,8 +321,12 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                 cache[cfg] = {}
         return cache[cfg]
 
-    def asked(cfg: str) -> int:  # the rounds the table is of: the config's, or --rounds
-        return int(load_experiment(cfg, overrides).rounds)
+    rounds_of: dict[str, int] = {}
+
+    def asked(cfg: str) -> int:  # the rounds the table is of: the config's, or --rounds (loaded once a config)
+        if cfg not in rounds_of:
+            rounds_of[cfg] = int(load_experiment(cfg, overrides).rounds)
+        return rounds_of[cfg]
 
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
     tables: dict[str, list[Cell]] = {}
@@ -358,9 +362,10 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
                       f"{c.config} (its settings changed since); not kept", file=sys.stderr)
                 ours, rounds, where = "", "", "not run (the config changed since the value the table had)"
             elif not runs and c.id in previous and _past_asked(c, _furthest(previous[c.id][1]), asked(c.config)):
+                n = asked(c.config)
                 print(f"  warning: {c.id}: the previous table's value is from round {_furthest(previous[c.id][1])}, "
-                      f"past the {asked(c.config)} rounds asked; not kept", file=sys.stderr)
-                ours, rounds, where = "", "", f"not run (the previous table's value is of more rounds than {asked(c.config)})"
+                      f"past the {n} rounds asked; not kept", file=sys.stderr)
+                ours, rounds, where = "", "", f"not run (the previous table's value is of more rounds than {n})"
             elif not runs and c.id in previous:
                 ours, rounds, where = previous[c.id]
                 if "kept from the previous table" not in where:
