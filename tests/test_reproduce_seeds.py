@@ -871,3 +871,48 @@ def test_collect_at_fewer_rounds_does_not_keep_values_of_more_rounds(
     assert not _past_asked(Cell("c", "t", "cfg", "consensus/acc", round=1), 2, 1)
     assert _past_asked(Cell("c", "t", "cfg", "consensus/acc"), 2, 1)
     assert not _past_asked(Cell("c", "t", "cfg", "consensus/acc"), 2, 2)
+
+
+def test_a_run_made_with_other_threads_names_the_flag_not_a_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A run made with ``threads=2`` is another config for a reproduce of a config that says
+    1 (thread counts change the arithmetic's order; the campaign's runs are made with
+    ``threads=1`` over configs that set none). The
+    skip and the table's warning say so with the values and name the flag that uses it,
+    instead of telling the user to move hours of runs away; with the flag it is reused."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(papers / "toy" / "dfedavg.toml"), "threads=2", "--quiet"]) == 0
+    capsys.readouterr()
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "threads: 2 then, 1 now" in out
+    assert "collect or run with --threads 2, as the run was made, to use it" in out
+    assert "move it away" not in out
+    assert main([*args, "--collect"]) == 0
+    err = capsys.readouterr().err
+    assert "left out of the table: collect or run with --threads 2" in err
+    assert main([*args, "--collect", "--threads", "2"]) == 0
+    assert _row(tmp_path / "out" / "toy_table.md", "t/acc")[4]  # reused: the cell has its value
+
+
+def test_config_change_names_each_differing_setting_with_both_values(tmp_path: Path) -> None:
+    """``--resume`` and ``reproduce`` refuse a run folder of another config; the reason shows
+    each dotted key with its value then and now (not just the section ``data``)."""
+    from lowband.config import load_experiment
+    from lowband.engine.runlog import config_change, config_diff
+
+    papers = _paper(tmp_path)
+    cfg = str(papers / "toy" / "dfedavg.toml")
+    exp = load_experiment(cfg, [f"out_dir={tmp_path / 'r'}"])
+    RunLog.open(exp).release()
+    assert config_change(exp.run_dir(), exp) is None
+    other = load_experiment(cfg, [f"out_dir={tmp_path / 'r'}", "data.alpha=0.9", "threads=2"])
+    diff = config_diff(exp.run_dir(), other)
+    assert set(diff) == {"data.alpha", "threads"}
+    assert diff["threads"] == (1, 2)
+    text = config_change(exp.run_dir(), other)
+    assert "data.alpha: " in text and " then, 0.9 now" in text and "threads: 1 then, 2 now" in text

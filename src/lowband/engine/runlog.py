@@ -177,28 +177,46 @@ def saved_hyperparams(folder: Path) -> Optional[dict[str, Any]]:
     return saved if isinstance(saved, dict) else None
 
 
-def config_change(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> Optional[str]:
-    """Why the run saved in ``folder`` is not a run of ``exp`` (None: it is): the keys of its
-    config.toml that differ beyond what a resume may change (and ``ignore``), or, for the
-    algorithm, each hyperparameter as ``"algorithm.KEY: THEN then, NOW now"`` (a default
-    that changed since it ran shows here, through :data:`HYPERPARAMS_NAME`)."""
-    saved_hp = saved_hyperparams(folder)
-    saved = json.loads(_comparable((Path(folder) / "config.toml").read_text(), saved_hp))
+def config_diff(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
+    """``dotted key -> (then, now)`` for every setting in which the run saved in ``folder``
+    differs from ``exp`` beyond what a resume may change (and ``ignore``, top-level keys);
+    a key one side lacks reads ``"(absent)"`` there (a default). Empty: it is ``exp``'s run.
+    The algorithm's keys compare the resolved hyperparameters (:data:`HYPERPARAMS_NAME`), so
+    a default that changed since the run shows here."""
+    saved = json.loads(_comparable((Path(folder) / "config.toml").read_text(), saved_hyperparams(folder)))
     now = json.loads(_comparable(exp.to_toml()))
     for d in (saved, now):
         for key in ignore:
             d.pop(key, None)
-    if saved == now:
-        return None
-    parts = [k for k in sorted(set(saved) | set(now)) if k != "algorithm" and saved.get(k) != now.get(k)]
-    a, b = saved.get("algorithm"), now.get("algorithm")
-    if a != b:
+    out: dict[str, tuple[Any, Any]] = {}
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
-            parts += [f"algorithm.{k}: {a.get(k, '(absent)')!r} then, {b.get(k, '(absent)')!r} now"
-                      for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")]
-        else:
-            parts.append("algorithm")
-    return "; ".join(parts)
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k, "(absent)"), b.get(k, "(absent)"), f"{prefix}{k}.")
+        elif a != b:
+            out[prefix[:-1]] = (a, b)
+
+    walk(saved, now, "")
+    return out
+
+
+def _short(v: Any, width: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def config_change(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> Optional[str]:
+    """Why the run saved in ``folder`` is not a run of ``exp`` (None: it is): each setting
+    that differs (:func:`config_diff`) as ``"KEY: THEN then, NOW now"``, so the user can
+    see what to set to reuse or resume it (e.g. ``threads: 1 then, '(absent)' now``)."""
+    diff = config_diff(folder, exp, ignore)
+    return config_change_text(diff) if diff else None
+
+
+def config_change_text(diff: dict[str, tuple[Any, Any]]) -> str:
+    """:func:`config_diff` as one line: ``"KEY: THEN then, NOW now; ..."``."""
+    return "; ".join(f"{k}: {_short(a)} then, {_short(b)} now" for k, (a, b) in diff.items())
 
 
 class RunLog:

@@ -104,7 +104,7 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
         foreign = _not_a_run_of(exp, rd)
         if foreign:
             return Planned("skip", exp, rd, int(done), reason=f"{rd} holds a finished run of another config "
-                                                              f"({foreign[0]}); move it away to run this one")
+                                                              f"({foreign[0]}); {foreign[1]}")
         return Planned("reuse", exp, rd, int(done))
     started = (rd / "config.toml").exists()
     try:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from lowband.config import load_experiment
 from lowband.engine.checks import DecayWatch
-from lowband.engine.runlog import rounds_to_target
+from lowband.engine.runlog import config_change_text, config_diff, rounds_to_target
 from lowband.reproduce.cells import Cell
 
 
@@ -198,28 +198,26 @@ def _json_object(text: str) -> dict:
 def _not_a_run_of(exp: Any, rd: Path) -> Optional[tuple[str, str]]:
     """(why, what to do) when the run saved in ``rd`` cannot count as a run of ``exp``: its
     saved config cannot be read (:func:`_unreadable_config`) or says another config
-    (:func:`_stale`); None when it is ``exp``'s. The one test both the table (which leaves
-    such a folder out) and :func:`run_action` (which will not reuse it) apply."""
+    (:func:`~lowband.engine.runlog.config_diff`; where only ``threads`` differs, the fix is
+    reproduce's ``--threads``, not a rerun); None when it is ``exp``'s. The one test both the
+    table (which leaves such a folder out) and :func:`run_action` (which will not reuse it)
+    apply."""
     unreadable = _unreadable_config(rd)
     if unreadable:
         return (f"{rd}/{unreadable}, so which config made this run cannot be told",
                 "restore the file or move the folder away and run the cell again")
-    stale = _stale(exp, rd)
-    if stale:
-        return f"{rd} was made by another config than today's ({stale})", "move it away and run the cell again"
-    return None
-
-
-def _stale(exp: Any, rd: Path) -> Optional[str]:
-    """Why the run in ``rd`` is not a run of ``exp`` (None: it is, or cannot be told): its
-    saved config or hyperparameters differ beyond what a resume may change, the seed and
-    the folder (a seed run is the config with ``seed`` and ``out_dir`` set)."""
-    from lowband.engine.runlog import config_change
-
     try:
-        return config_change(rd, exp, ignore=("seed", "out_dir", "name"))
+        diff = config_diff(rd, exp, ignore=("seed", "out_dir", "name"))
     except (OSError, ValueError):
         return None
+    if not diff:
+        return None
+    why = f"{rd} was made by another config than today's ({config_change_text(diff)})"
+    if set(diff) == {"threads"}:  # only the flag reproduce sets: the fix is the flag, not a rerun
+        then = diff["threads"][0]
+        flag = f"--threads {then}" if isinstance(then, int) else "no --threads"
+        return why, f"collect or run with {flag}, as the run was made, to use it"
+    return why, "move it away and run the cell again"
 
 
 def run_data(config: str, overrides: list[str]) -> Optional[RunData]:

@@ -203,7 +203,7 @@ FINGERPRINT = "fingerprint/"
 def config_fingerprint(config: str, overrides: list[str]) -> str:
     """A short digest of what makes ``config``'s runs comparable (its settings with every
     hyperparameter resolved, less what a resume may change, the seed and the folder: the
-    comparison :func:`_stale` makes). A table records it for each run folder whose values
+    comparison :func:`~lowband.engine.runlog.config_diff` makes). A table records it for each run folder whose values
     it holds, so a value kept after its folder is gone is kept only while the config is
     still the one that measured it."""
     import hashlib
