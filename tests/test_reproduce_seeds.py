@@ -635,11 +635,11 @@ def test_a_value_kept_after_its_config_changed_is_neither_kept_nor_a_reason_not_
     args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
     assert main(args) == 0
     table = tmp_path / "out" / "toy.md"
-    assert table.read_text().rstrip().splitlines()[-1].startswith('<!-- lowband config fingerprints: {"toy": "')
+    assert table.read_text().rstrip().splitlines()[-1].startswith('<!-- lowband config fingerprints: {"runs/toy": "')
     shutil.rmtree(tmp_path / "runs")
     assert main([*args, "--collect"]) == 0  # same config: kept, fingerprint carried along
     assert "kept from the previous table" in _row(table, "t/acc")[6]
-    assert '{"toy": "' in table.read_text()
+    assert '{"runs/toy": "' in table.read_text()
     cfg = papers / "toy" / "dfedavg.toml"
     spec = tomllib.loads(cfg.read_text())
     spec["algorithm"]["lr"] = 2 * spec["algorithm"].get("lr", 0.05)
@@ -916,3 +916,38 @@ def test_config_change_names_each_differing_setting_with_both_values(tmp_path: P
     assert diff["threads"] == (1, 2)
     text = config_change(exp.run_dir(), other)
     assert "data.alpha: " in text and " then, 0.9 now" in text and "threads: 1 then, 2 now" in text
+
+
+def test_a_value_of_another_folder_with_the_same_name_is_not_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A cell keeps a gone run's value only while the *run* column names the config's own run
+    folder, compared as a path: ``runs/cpu/toy`` is not ``runs/gpu/toy`` (the last name alone
+    matched before, so a table without fingerprints kept one config's value for the other).
+    A fingerprint recorded under the folder's last name (tables before the path was the
+    key) still counts."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path)
+    cfg = papers / "toy" / "dfedavg.toml"
+    spec = tomllib.loads(cfg.read_text())
+    cfg.write_text(tomli_w.dumps({**spec, "out_dir": "runs/cpu/toy"}))
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
+    assert main(args) == 0
+    table = tmp_path / "out" / "toy.md"
+    text = table.read_text()
+    assert '{"runs/cpu/toy": "' in text
+    shutil.rmtree(tmp_path / "runs")
+    # a fingerprint keyed by the folder's name (an older table) is still read: same config, kept
+    table.write_text(text.replace('{"runs/cpu/toy": "', '{"toy": "'))
+    assert main([*args, "--collect"]) == 0
+    assert "kept from the previous table" in _row(table, "t/acc")[6]
+    # another config (other lr) whose folder has the same last name, and a table without
+    # fingerprints: the value is not the new config's
+    table.write_text("\n".join(x for x in text.splitlines() if "fingerprints" not in x) + "\n")
+    cfg.write_text(tomli_w.dumps({**spec, "out_dir": "runs/gpu/toy",
+                                  "algorithm": {**spec["algorithm"], "lr": 0.3}}))
+    capsys.readouterr()
+    assert main([*args, "--collect"]) == 0
+    assert "t/acc: the previous table's value came from another run folder" in capsys.readouterr().err
+    assert _row(table, "t/acc")[4] == "" and _row(table, "t/acc")[6] == "not run"

@@ -235,8 +235,15 @@ def changed_since(previous: dict[str, tuple[str, str, str]], config: str, overri
     """Whether the table being replaced (``previous``) recorded ``config``'s run folder under
     another config fingerprint than today's (False where it recorded none: a table from
     before fingerprints)."""
-    then = previous.get(f"{FINGERPRINT}{load_experiment(config, overrides).run_dir().name}")
+    then = _print_of(previous, load_experiment(config, overrides).run_dir())
     return then is not None and then[2] != config_fingerprint(config, overrides)
+
+
+def _print_of(previous: dict[str, tuple[str, str, str]], run_dir: Path) -> Optional[tuple[str, str, str]]:
+    """The fingerprint the table being replaced recorded for ``run_dir``: under its path (as
+    the *run* column writes it), else under its last name (tables written before the path
+    was the key; two configs whose folders share a name were indistinguishable there)."""
+    return previous.get(f"{FINGERPRINT}{Path(run_dir).as_posix()}") or previous.get(f"{FINGERPRINT}{Path(run_dir).name}")
 
 
 def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
@@ -268,8 +275,9 @@ def previous_cells(path: Path) -> dict[str, tuple[str, str, str]]:
 
 
 def _same_run(where: str, config: str, overrides: list[str]) -> bool:
-    """Whether a previous table's *run* column (```R` ...``) names ``config``'s run folder:
-    a cell whose config changed must not keep a value another config measured."""
+    """Whether a previous table's *run* column (```R` ...``) names ``config``'s run folder (the
+    whole path, not only its last name: ``runs/fol/cpu/x`` is not ``runs/fol/x``): a cell
+    whose config changed must not keep a value another config measured."""
     m = re.match(r"`([^`]+)`", where)
     if m is None:
         return False
@@ -277,7 +285,9 @@ def _same_run(where: str, config: str, overrides: list[str]) -> bool:
         rd = load_experiment(config, overrides).run_dir()
     except ConfigError:
         return False
-    return Path(m.group(1)).name == Path(rd).name
+    then, now = Path(m.group(1)).parts, Path(rd).parts
+    n = min(len(then), len(now))  # one may be absolute: compare the trailing parts both have
+    return then[-n:] == now[-n:]
 
 
 def _furthest(rounds: str) -> int:
@@ -419,8 +429,8 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
             if _HELD.search(where):
                 kept[f"{c.id}#kept-seeds"] = where  # the held seeds' compute, read by compute_line
             if ours:  # the config its values are of: today's for runs on disk, the earlier table's for kept ones
-                folder = load_experiment(c.config, overrides).run_dir().name
-                then = previous.get(f"{FINGERPRINT}{folder}")
+                rd = load_experiment(c.config, overrides).run_dir()
+                folder, then = rd.as_posix(), _print_of(previous, rd)
                 if runs:
                     prints[folder] = config_fingerprint(c.config, overrides)
                 elif then:  # a value kept from a table without fingerprints stays of an unknown config
