@@ -778,9 +778,11 @@ def test_checkpoint_is_fsynced_before_the_rename(tmp_path: Path, monkeypatch) ->
 
 
 def test_a_run_prints_a_warning_as_one_line(capsys, tmp_path: Path) -> None:
-    """A lossy sparsifier on whole weights (README's old example) warns once, on one line."""
+    """A lossy sparsifier on whole weights (README's old example) warns once, on one line;
+    the run then learns nothing, which is the second warning, on one line too."""
     p = write_config(tmp_path / "exp.toml", digits_config(tmp_path, "fedavg", rounds=2))
     rc, out, err = cli(capsys, "run", p, 'comm.codec="topk(0.01)+fp16"', "--quiet")
     assert rc == 0
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lowband: warning: fedavg: codec 'topk(0.01)+fp16'"), err
+    assert len(lines) == 2 and lines[0].startswith("lowband: warning: fedavg: codec 'topk(0.01)+fp16'"), err
+    assert lines[1].startswith("lowband: warning: round 1: personal/acc_weighted has never been above chance"), err

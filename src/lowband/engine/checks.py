@@ -38,11 +38,19 @@ accuracy whose median over the last :data:`DECAY_WINDOW` evaluations is more tha
 :data:`DECAY_DROP` under the best such median. The run learned and is now unlearning (SPARK
 at paper size under the spec's distillation schedule: 77.76% at round 13, 48.01% at round
 30), and its final value, which the tables report, is not what it reached.
+
+Warned once per run by :class:`ChanceWatch`: by the run's half-way round, a main accuracy
+that has never been more than :data:`CHANCE_MARGIN` above chance (one over the number of
+classes). The run exits 0 having learned nothing (a learning rate far too high or too
+low, a codec that zeroes every update, an algorithm that never trains); summary.json
+records it under ``learned_nothing`` when it still holds at the end, and the tables mark
+such a cell.
 """
 
 from __future__ import annotations
 
 import statistics
+import math
 import warnings
 from collections import deque
 from typing import Any, Optional, Sequence
@@ -125,6 +133,69 @@ class DecayWatch:
         if not quiet:
             warnings.warn(msg, LowbandWarning, stacklevel=2)
         return msg
+
+
+#: a main accuracy whose best evaluation (round 0 left out) is at most this much (absolute,
+#: as a fraction) above chance by the run's half-way round is warned about (10 classes: 12%)
+CHANCE_MARGIN = 0.02
+
+
+def chance_level(metric: str, classes: Optional[int]) -> Optional[float]:
+    """What ``metric`` scores by guessing (``1 / classes``) when it is a class accuracy the
+    chance rule applies to, else None: losses and byte counts have no chance level, and a
+    worst-decile or a spread (``*worst*``, ``*_std``) can sit at 0 in a run that learns."""
+    if "acc" not in metric or "worst" in metric or metric.endswith("_std") or not classes or classes < 2:
+        return None
+    return 1.0 / classes
+
+
+class ChanceWatch:
+    """Warns once when the run's main accuracy has never been more than
+    :data:`CHANCE_MARGIN` above chance (:func:`chance_level`) by its half-way round (round
+    0, the untrained model, left out): a run that exits 0 having learned nothing. FedAvg on
+    digits at ``lr = 50`` or ``1e-9`` sits at 8-10% for all its rounds and used to say
+    nothing. Half the planned rounds, not the first few: methods that start slowly (a
+    personalised method whose unsampled clients hold the initial model) are not flagged
+    while they warm up."""
+
+    def __init__(self, main: str, classes: Optional[int], rounds: int, margin: float = CHANCE_MARGIN):
+        self.main, self.classes, self.margin = main, classes, margin
+        self.chance = chance_level(main, classes)
+        self.due = max(1, math.ceil(rounds / 2))
+        self.best: Optional[tuple[float, int]] = None  # (value, round): the best evaluation so far
+        self.warned = False
+
+    @property
+    def at_chance(self) -> bool:
+        """Whether every evaluation fed so far (round 0 left out) was within the margin of chance."""
+        return self.chance is not None and self.best is not None and self.best[0] <= self.chance + self.margin
+
+    def check(self, rec: dict[str, Any], quiet: bool = False) -> Optional[str]:
+        """Feed one evaluated round's metrics; returns (and, unless ``quiet``, warns) the
+        message the first time the rule holds at or after the half-way round, else None.
+        ``quiet`` replays a resumed run's earlier rounds."""
+        v, r = rec.get(self.main), int(rec.get("round", 0))
+        if self.chance is None or r == 0 or not isinstance(v, (int, float)) or v != v:
+            return None
+        if self.best is None or float(v) > self.best[0]:
+            self.best = (float(v), r)
+        if self.warned or r < self.due or not self.at_chance:
+            return None
+        self.warned = True
+        msg = (f"round {r}: {self.main} has never been above chance: its best is {100 * self.best[0]:.2f}% (round "
+               f"{self.best[1]}), and guessing among {self.classes} classes scores {100 * self.chance:.2f}%: the "
+               f"run is learning nothing (a learning rate far too high or too low? a codec that zeroes the "
+               f"updates?)")
+        if not quiet:
+            warnings.warn(msg, LowbandWarning, stacklevel=2)
+        return msg
+
+    def summary(self) -> dict[str, Any]:
+        """``{"learned_nothing": {...}}`` for summary.json when the run ended at chance, else {}."""
+        if not (self.warned and self.at_chance) or self.best is None or self.chance is None:
+            return {}
+        return {"learned_nothing": {"metric": self.main, "best": self.best[0], "round": self.best[1],
+                                    "chance": self.chance}}
 
 
 def served_protocols(alg: Any) -> tuple[str, ...]:

@@ -460,8 +460,10 @@ class Simulation:
             self.executor.init_states(self.topology.plan(0) if self.num_nodes else None)
         metrics: list[dict[str, Any]] = log.metrics() if log is not None else []
         decay = checks.DecayWatch(self.main_metric)  # a main accuracy that falls far from its best
+        chance = checks.ChanceWatch(self.main_metric, self.fed.num_classes, exp.rounds)  # ... or never leaves chance
         for rec in metrics:  # a resumed run's earlier rounds: warned in the run that evaluated them
             decay.check(rec, quiet=True)
+            chance.check(rec, quiet=True)
         t_run = time.perf_counter()
 
         if start == 0 and exp.eval.at_round0:
@@ -501,6 +503,7 @@ class Simulation:
                 rec.update(self._incident_record(metrics[-1]["round"] if metrics else 0, r))
                 metrics.append(rec)
                 decay.check(rec)
+                chance.check(rec)
                 if log is not None:
                     log.log_metrics(rec)
                 if self.progress:
@@ -521,7 +524,8 @@ class Simulation:
             metrics, main=self.main_metric, target=exp.eval.target,
             extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
-                   "seed": exp.seed, "protocols": self.protocols, **self.ledger_summary(),
+                   "num_classes": self.fed.num_classes, "seed": exp.seed, "protocols": self.protocols,
+                   **self.ledger_summary(), **chance.summary(),
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
                    **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},

@@ -65,7 +65,7 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message as LBMessage
 from lowband.comm.network import Network
 from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
-from lowband.engine.checks import DecayWatch
+from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
 )
@@ -502,11 +502,13 @@ class FlowerRun:
         ex.states = {SERVER: sim.alg.init_server(ex.context(SERVER, 0, sim.topology.plan(0)))}
         metrics: list[dict[str, Any]] = []
         decay = DecayWatch(sim.main_metric)  # warns, as `lowband run` does, when the run unlearns
+        chance = ChanceWatch(sim.main_metric, sim.fed.num_classes, exp.rounds)  # ... or never leaves chance
 
         def emit(r: int, plan: Any) -> None:
             rec = self.evaluate(r, plan)
             metrics.append(rec)
             decay.check(rec)
+            chance.check(rec)
             if log is not None:
                 log.log_metrics(rec)
 
@@ -525,8 +527,8 @@ class FlowerRun:
                 metrics, main=sim.main_metric, target=exp.eval.target,
                 extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
                        "model": exp.model.name, "model_params": sim.model_size, "num_nodes": sim.num_nodes,
-                       "seed": exp.seed, "protocols": sim.protocols, "backend": "flower",
-                       **sim.ledger_summary()}))
+                       "num_classes": sim.fed.num_classes, "seed": exp.seed, "protocols": sim.protocols,
+                       "backend": "flower", **sim.ledger_summary(), **chance.summary()}))
         return metrics
 
     def _server_step(self, step: Step, r: int, plan: Any, inbox: list[Envelope]) -> Outbox:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lowband.config import load_experiment
-from lowband.engine.checks import DecayWatch
+from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.runlog import config_change_text, config_diff, rounds_to_target
 from lowband.reproduce.cells import Cell
 
@@ -55,6 +55,9 @@ class RunData:
     #: the run's ``device`` as saved ("cpu" unless it ran on a GPU): its seconds are then
     #: GPU-hours, not CPU-hours (a table must not count a GPU's time as a core's)
     device: str = "cpu"
+    #: the dataset's number of classes as the run's summary.json records it (None: a run
+    #: before the record, or not finished): what :func:`chance_text` compares with
+    classes: Optional[int] = None
 
     @property
     def on_cpu(self) -> bool:
@@ -124,8 +127,10 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         device = str(cfg.get("device", "cpu"))
     main = exp.eval.main or "consensus/acc"
     n = exp.rounds
+    classes = (_read_json(rd / "summary.json") or {}).get("num_classes")
     return RunData(rd, [m for m in metrics if m["round"] <= n], [t for t in _timing(rd) if t["round"] <= n], n,
-                   exp.eval.target, main, int(threads) if threads else None, seed, device)
+                   exp.eval.target, main, int(threads) if threads else None, seed, device,
+                   int(classes) if isinstance(classes, int) else None)
 
 
 def _leave_out(why: str, fix: str) -> None:
@@ -336,7 +341,21 @@ def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[floa
         v *= 100
     elif m.startswith(("bytes/", "declared/")):
         v /= 1e6 if cell.paper_unit == "MB" else 1e9
-    return v, number_text(cell, v) + unlearned_text(cell, recs)
+    return v, number_text(cell, v) + unlearned_text(cell, recs) + chance_text(cell, recs, d.classes)
+
+
+def chance_text(cell: Cell, recs: list[dict], classes: Optional[int]) -> str:
+    """`` (at chance: 1/C = X)`` when every evaluation of the cell's accuracy up to its round
+    (round 0 left out) was within :data:`~lowband.engine.checks.CHANCE_MARGIN` of guessing
+    among the run's ``classes``, else ``""``: such a number is a run that learned nothing,
+    not a measurement of the method (the run-time warning's rule,
+    :class:`~lowband.engine.checks.ChanceWatch`)."""
+    watch = ChanceWatch(cell.metric, classes, rounds=1)
+    for r in recs:
+        watch.check(r, quiet=True)
+    if not watch.at_chance or watch.chance is None:
+        return ""
+    return f" (at chance: 1/{classes} = {number_text(cell, 100 * watch.chance)})"
 
 
 def unlearned_text(cell: Cell, recs: list[dict]) -> str:

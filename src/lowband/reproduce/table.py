@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from lowband.config import ConfigError, load_experiment
-from lowband.engine.checks import DECAY_DROP, DECAY_WINDOW
+from lowband.engine.checks import CHANCE_MARGIN, DECAY_DROP, DECAY_WINDOW
 from lowband.reproduce.cells import Cell, config_seed
 from lowband.reproduce.rundata import RunData, left_out_seeds, number_text, seed_data, value
 
@@ -111,6 +111,9 @@ def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData],
     fell = sum("unlearned" in (t or "") for _, _, t in per)
     if fell:
         ours += f" ({fell} of {len(per)} unlearned)"
+    blind = sum("at chance" in (t or "") for _, _, t in per)
+    if blind:
+        ours += f" ({blind} of {len(per)} at chance)"
     return ours, texts
 
 
@@ -447,7 +450,9 @@ def table_markdown(paper: str, cells: list[Cell], overrides: list[str], command:
              f"listed under the table; *run* gives each cell's CPU-hours (and the GPU-hours of runs made on a GPU). \"unlearned: best X at rN\" marks a "
              f"run whose accuracy is, at the cell's round, more than {100 * DECAY_DROP:g} points under what it "
              f"reached (the median of its last {DECAY_WINDOW} evaluations against the best such median: the "
-             f"run-time warning's rule): *ours* is still the value at the cell's round.", "",
+             f"run-time warning's rule): *ours* is still the value at the cell's round. \"at chance: 1/C = X\" "
+             f"marks a run whose accuracy was never more than {100 * CHANCE_MARGIN:g} points above guessing among "
+             f"its C classes up to the cell's round: it learned nothing.", "",
              compute_line([d for cfg in configs for d in data(cfg).values()], len(configs), kept), "", *body]
     if prints:  # read back by the next collect (previous_cells), invisible where the page is rendered
         lines.append(f"<!-- lowband config fingerprints: {json.dumps(dict(sorted(prints.items())))} -->")
