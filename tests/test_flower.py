@@ -166,3 +166,18 @@ def test_a_flower_run_that_unlearns_warns(tmp_path: Path, task_identity, monkeyp
     exp = validate(_config(tmp_path, "fedavg", "bad", rounds=12))
     with pytest.warns(LowbandWarning, match=r"round 11: \S+ has fallen from what the run reached"):  # 4 of 7
         FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
+
+
+def test_a_flower_run_that_learns_nothing_warns_and_records_it(tmp_path: Path, task_identity) -> None:
+    """The ServerApp's loop watches for a main accuracy that never leaves chance too
+    (checks.ChanceWatch), and its summary.json records it: FedAvg at lr = 1e-9."""
+    import json
+    import warnings
+
+    exp = validate(_config(tmp_path, "fedavg", "dead", rounds=2, lr=1e-9))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
+    assert [w for w in caught if "has never been above chance" in str(w.message)]
+    summary = json.loads((exp.run_dir() / "summary.json").read_text())
+    assert summary["learned_nothing"]["chance"] == 0.1 and summary["num_classes"] == 10
