@@ -82,6 +82,14 @@ DECAY_DROP = 0.10
 DECAY_WINDOW = 7
 
 
+def _say(msg: str, quiet: bool) -> str:
+    """Warn ``msg`` once as a :class:`LowbandWarning` (at the watch's caller) unless ``quiet``
+    (a resumed run replaying rounds an earlier process already warned about); return it."""
+    if not quiet:
+        warnings.warn(msg, LowbandWarning, stacklevel=3)
+    return msg
+
+
 class DecayWatch:
     """Warns once when the main accuracy has fallen from what the run reached and stays
     there: the median of the last :data:`DECAY_WINDOW` evaluations (round 0 left out) is more
@@ -130,9 +138,7 @@ class DecayWatch:
                f"the best such median ({100 * self.best[0]:.2f}%, to round {self.best[1]}; best single value "
                f"{100 * self.peak[0]:.2f}% at round {self.peak[1]}): the run is unlearning; summary.json's 'best' "
                f"keeps the peak")
-        if not quiet:
-            warnings.warn(msg, LowbandWarning, stacklevel=2)
-        return msg
+        return _say(msg, quiet)
 
 
 #: a main accuracy whose best evaluation (round 0 left out) is at most this much (absolute,
@@ -186,9 +192,7 @@ class ChanceWatch:
                f"{self.best[1]}), and guessing among {self.classes} classes scores {100 * self.chance:.2f}%: the "
                f"run is learning nothing (a learning rate far too high or too low? a codec that zeroes the "
                f"updates?)")
-        if not quiet:
-            warnings.warn(msg, LowbandWarning, stacklevel=2)
-        return msg
+        return _say(msg, quiet)
 
     def summary(self) -> dict[str, Any]:
         """``{"learned_nothing": {...}}`` for summary.json when the run ended at chance, else {}."""
