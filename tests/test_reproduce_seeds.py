@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+import torch
 
 from conftest import digits_config
 from lowband.config import ConfigError
@@ -897,6 +898,31 @@ def test_a_run_made_with_other_threads_names_the_flag_not_a_rerun(
     assert "left out of the table: collect or run with --threads 2" in err
     assert main([*args, "--collect", "--threads", "2"]) == 0
     assert _row(tmp_path / "out" / "toy_table.md", "t/acc")[4]  # reused: the cell has its value
+
+
+def test_device_flag_reaches_every_run_and_a_missing_gpu_stops_nothing_midway(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``reproduce --device D`` runs every cell's config with ``device = D`` (saved in the
+    run's config.toml; the table then counts a GPU run's time as GPU-hours). A device name
+    the key does not know, or a GPU this machine lacks, is one line and exit 2 before any
+    run starts; a collect needs no GPU here."""
+    from lowband.cli import main
+
+    papers = _paper(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
+    assert main([*args, "--device", "gpu0"]) == 2
+    assert "--device: unknown device 'gpu0'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*args, "--device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "--device: 'cuda' is not available on this machine" in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "runs").exists()  # nothing ran
+        assert main([*args, "--device", "cuda", "--dry-run"]) == 0  # reading needs no GPU
+    assert main([*args, "--device", "auto"]) == 0
+    saved = [p.read_text() for p in (tmp_path / "runs").rglob("config.toml")]
+    assert saved and all('device = "auto"' in t for t in saved)
+    assert _row(tmp_path / "out" / "toy_table.md", "t/acc")[4]
 
 
 def test_config_change_names_each_differing_setting_with_both_values(tmp_path: Path) -> None:

@@ -153,6 +153,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"rounds={int(args.rounds)}")
     if args.threads is not None:
         out.append(f"threads={int(args.threads)}")
+    if getattr(args, "device", None):
+        out.append(f"device={_quote(args.device)}")
     if args.data_dir:
         out.append('data.data_dir="' + str(args.data_dir).replace("\\", "\\\\").replace('"', '\\"') + '"')
     return out

@@ -25,10 +25,28 @@ def output_path(out: Optional[str], paper: str) -> Path:
     return Path(out or "results") / f"{paper}_table.md"
 
 
+def _check_device(spec: str, present: bool) -> None:
+    """``--device`` is a device name and, where runs will start (``present``), one this
+    machine has: checked before any run starts, so a missing GPU does not stop the
+    campaign at its first cell; either is a one-line error (exit 2). A collect or a dry
+    run only reads, so it needs no GPU here."""
+    from lowband.config import ConfigError
+    from lowband.device import check_spec, resolve_device
+
+    try:
+        check_spec(spec)
+        if present:
+            resolve_device(spec)
+    except ValueError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     experiments = Path(args.experiments) if args.experiments else None
     cells = with_seeds(select(load_cells(args.paper, experiments=experiments), args.only),
                        getattr(args, "seeds", None))
+    if getattr(args, "device", None):
+        _check_device(args.device, present=not (args.collect or args.dry_run))
     overrides = _overrides(args)
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
     plan = run_plan(cells, overrides)
@@ -74,6 +92,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seeds", help="run every selected cell's config once per seed (e.g. 0,1,2 or 0-2; instead "
                                    "of the cells' own `seeds`); tables show mean ± std over the seeds found")
     p.add_argument("--threads", type=int, help="torch threads per run")
+    p.add_argument("--device", help="where every run computes: cpu, cuda, cuda:N, mps or auto (the config key "
+                                    "`device`); a run on a GPU counts GPU-hours, not CPU-hours, in the table, and "
+                                    "its accuracies may differ from a CPU run's in the last digits")
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
     p.add_argument("--collect", action="store_true", help="run nothing; tabulate the runs that exist")
     p.add_argument("--dry-run", action="store_true", help="run nothing; say what each run would do (run, resume, "
