@@ -494,3 +494,39 @@ def test_sigterm_keeps_the_checkpoint_and_removes_the_scratch_files(tmp_path: Pa
     resumed = subprocess.run([sys.executable, "-m", "lowband.cli", "run", str(path), "--resume", "--quiet",
                               f"rounds={done + 1}"], env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_memory_settings_do_not_make_another_run(tmp_path: Path) -> None:
+    """SPARK's memory and speed knobs (``Hyperparams.PERFORMANCE_ONLY``: requester groups,
+    the X P cache budgets, the heap policy) change no number, so a run resumed, or reused by
+    ``lowband reproduce``, under other values of them is the same run: a paper-size run
+    started at one memory budget can continue on a machine that needs a smaller one. A key
+    that changes numbers (``k``, ``xp_cache_dtype = "float16"``) still makes another run."""
+    import json
+
+    import tomli_w
+
+    from lowband.cli import main
+    from lowband.engine.runlog import config_diff
+
+    def write(name: str, **extra) -> Path:
+        cfg = {**_cfg(tmp_path / name, "spark", 2, **SPARK_HP, reply_groups=1, **extra), "checkpoint_every": 1}
+        path = tmp_path / f"{name}.toml"
+        path.write_text(tomli_w.dumps(cfg))
+        return path
+
+    whole, split = write("whole"), write("split")
+    assert main(["run", str(whole), "--quiet"]) == 0
+    assert main(["run", str(split), "rounds=1", "--quiet"]) == 0
+    memory = ["algorithm.reply_groups=3", "algorithm.xp_cache_mb=0", "algorithm.max_inflight_mb=1",
+              "algorithm.keep_freed_heap=false"]
+    assert main(["run", str(split), *memory, "--resume", "--quiet"]) == 0
+    read = lambda name: [json.loads(ln) for ln in (tmp_path / name / "spark-2" / "metrics.jsonl").read_text().splitlines()]
+    assert read("split") == read("whole") and len(read("whole")) == 3  # rounds 0-2, to the last digit
+
+    run_dir = tmp_path / "whole" / "spark-2"
+    other = lambda **hp: validate({**_cfg(tmp_path / "whole", "spark", 2, **{**SPARK_HP, "reply_groups": 1, **hp}),
+                                   "checkpoint_every": 1})
+    assert config_diff(run_dir, other(reply_groups=4, xp_cache_mb=0, xp_cache_disk_mb=0)) == {}
+    assert set(config_diff(run_dir, other(k=30))) == {"algorithm.k"}
+    assert set(config_diff(run_dir, other(xp_cache_dtype="float16"))) == {"algorithm.xp_cache_dtype"}

@@ -33,9 +33,15 @@ Params = dict[str, torch.Tensor]
 
 
 class Hyperparams(BaseModel):
-    """Base for algorithm hyperparameters: strict (unknown keys are errors), documented."""
+    """Base for algorithm hyperparameters: strict (unknown keys are errors), documented.
+
+    :attr:`PERFORMANCE_ONLY` names the keys that change how fast or in how much memory a run
+    computes and never a number it writes (each backed by a test that runs both ways): a run
+    resumed, or reused by ``lowband reproduce``, with other values of them is the same run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    PERFORMANCE_ONLY: ClassVar[frozenset[str]] = frozenset()
 
 
 @dataclass

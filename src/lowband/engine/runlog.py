@@ -182,7 +182,8 @@ def config_diff(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> 
     differs from ``exp`` beyond what a resume may change (and ``ignore``, top-level keys);
     a key one side lacks reads ``"(absent)"`` there (a default). Empty: it is ``exp``'s run.
     The algorithm's keys compare the resolved hyperparameters (:data:`HYPERPARAMS_NAME`), so
-    a default that changed since the run shows here."""
+    a default that changed since the run shows here; those that change no number
+    (``Hyperparams.PERFORMANCE_ONLY``: SPARK's memory budgets) may differ."""
     saved = json.loads(_comparable((Path(folder) / "config.toml").read_text(), saved_hyperparams(folder)))
     now = json.loads(_comparable(exp.to_toml()))
     for d in (saved, now):
@@ -198,7 +199,19 @@ def config_diff(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> 
             out[prefix[:-1]] = (a, b)
 
     walk(saved, now, "")
+    for key in _performance_only(exp):  # memory and speed: the same run whatever they were
+        out.pop(f"algorithm.{key}", None)
     return out
+
+
+def _performance_only(exp: Experiment) -> frozenset[str]:
+    """The algorithm's keys that change no number (``Hyperparams.PERFORMANCE_ONLY``)."""
+    from lowband.config import hyperparams
+
+    try:
+        return type(hyperparams(exp)).PERFORMANCE_ONLY
+    except Exception:  # noqa: BLE001 - an algorithm this version cannot build compares every key
+        return frozenset()
 
 
 def _short(v: Any, width: int = 60) -> str:
@@ -310,7 +323,8 @@ class RunLog:
             if changed:
                 raise RunDirError(
                     f"--resume: the config differs from the one saved in {log.config_path}: {changed} (only 'rounds', "
-                    f"'executor', 'ray_*', 'device', 'log', 'data.data_dir' and 'engine.workers' may change; a value you did not set "
+                    f"'executor', 'ray_*', 'device', 'log', 'data.data_dir', 'engine.workers' and the algorithm's "
+                    f"memory-only keys (SPARK's reply_groups, xp_cache_mb, ...) may change; a value you did not set "
                     f"means a default changed since the run started: set the one it started with); resume with the "
                     f"same config or choose another out_dir"
                 )

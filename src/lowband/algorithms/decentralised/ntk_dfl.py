@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import numpy as np
 import torch
@@ -108,6 +108,12 @@ class KernelDFLHP(Hyperparams):
     SPARK's hooks (:class:`NTKDFL`), and a run folder's hyperparams.json, which ``--resume``
     compares, holds every one of them. :class:`~lowband.algorithms.decentralised.spark.SparkHP`
     gives them SPARK's defaults."""
+
+    #: memory and speed knobs: the requester groups change nothing in the result
+    #: (tests/test_spark.py, grouping tests), nor does where X P is cached (float32; the
+    #: tiers test) or the heap policy; ``xp_cache_dtype`` float16 rounds X P and is not here
+    PERFORMANCE_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"reply_groups", "max_inflight_mb", "xp_cache_mb", "xp_cache_disk_mb", "keep_freed_heap", "scratch_dir"})
 
     lr: float = Field(0.01, gt=0, description="eta: learning rate of the kernel evolution (reference: 0.01)")
     lr_decay: float = Field(0.07, ge=0, description="lr_r = lr * exp(-lr_decay * (r - 1))")
