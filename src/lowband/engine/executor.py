@@ -162,6 +162,10 @@ class SerialExecutor:
         nodes = [int(n) for n in nodes]
         return [fn(self, nodes)] if nodes else []
 
+    def worker_pids(self) -> list[int]:
+        """No worker processes: the run's CPU time is this process's (:mod:`lowband.engine.cputime`)."""
+        return []
+
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {str(k): v for k, v in self.states.items()}

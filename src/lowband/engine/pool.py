@@ -353,6 +353,10 @@ class PoolExecutor(ShardedExecutor):
         return out
 
     # -- life cycle ------------------------------------------------------------------------
+    def worker_pids(self) -> list[int]:
+        """The worker processes still running (their CPU time is the run's: :mod:`lowband.engine.cputime`)."""
+        return [p.pid for p in self._procs if p.pid is not None and p.is_alive()]
+
     @property
     def states(self) -> dict[int, Any]:
         return dict(self._closed[0]) if self._closed is not None else super().states

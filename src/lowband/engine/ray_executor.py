@@ -136,6 +136,11 @@ class RayExecutor(ShardedExecutor):
         self._plan_ref: Optional[tuple[RoundPlan, Any]] = None
         self._puts = PutCache(16)
 
+    def worker_pids(self) -> None:
+        """None: the actors' CPU time is not readable here (they may run on other machines), so a
+        Ray run's rounds count wall-clock x threads x workers (:mod:`lowband.engine.cputime`)."""
+        return None
+
     # -- transport -----------------------------------------------------------------------------
     def _submit(self, j: int, method: str, *args: Any) -> Any:
         return getattr(self.workers[j], method).remote(*args)

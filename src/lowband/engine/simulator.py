@@ -8,8 +8,9 @@
    function on every actor where the actor lives, and every message the actors sent is
    encoded, counted and delivered;
 3. every ``eval.every`` rounds the evaluator measures the named protocols;
-4. one line goes to metrics.jsonl (deterministic), one to timing.jsonl, and a checkpoint
-   is written, so ``resume=True`` continues to the identical result.
+4. one line goes to metrics.jsonl (deterministic), one to timing.jsonl (wall-clock seconds,
+   the engine's workers and the CPU seconds they and this process took:
+   :mod:`lowband.engine.cputime`), and a checkpoint is written, so ``resume=True`` continues to the identical result.
 
 Receivers validate what they get (:mod:`lowband.comm.validate`) and ``[faults]`` drops
 nodes and late replies (:mod:`lowband.faults`), in this round loop for every algorithm.
@@ -43,6 +44,7 @@ from lowband.data.federation import Federation, build_federation
 from lowband.data.sources import Dataset, load_dataset
 from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
+from lowband.engine.cputime import CpuMeter
 from lowband.engine.evaluation import Evaluator
 from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor, make_executor
 from lowband.engine.pool import PoolExecutor, resolve_workers
@@ -475,8 +477,11 @@ class Simulation:
             if self.progress:
                 self.progress(0, exp.rounds, rec)
 
+        meter = CpuMeter(getattr(self.executor, "worker_pids", lambda: None))
+        workers = int(getattr(self.executor, "num_workers", 1))
         for r in range(start + 1, exp.rounds + 1):
             t0 = time.perf_counter()
+            meter.start()
             plan = self.topology.plan(r - 1)  # topology rounds are 0-based
             faults = self.faults.round(r) if self.faults.enabled else NO_FAULTS
             round_plan = faults.apply(plan)
@@ -509,9 +514,11 @@ class Simulation:
                 if self.progress:
                     self.progress(r, exp.rounds, rec)
             t_eval = time.perf_counter() - t1
+            cpu_s = meter.stop()  # the CPU the round took in this process and its workers (None: unknown)
             if log is not None:
                 log.log_timing({"round": r, "round_s": round(t_train, 4), "eval_s": round(t_eval, 4),
-                                "elapsed_s": round(time.perf_counter() - t_run, 3)})
+                                "elapsed_s": round(time.perf_counter() - t_run, 3), "workers": workers,
+                                **({"cpu_s": cpu_s} if cpu_s is not None else {})})
                 if exp.checkpoint_every and (r % exp.checkpoint_every == 0 or r == exp.rounds):
                     codecs = self._codec_states()
                     log.save_checkpoint({"round": r, "states": self.executor.state_dict(),

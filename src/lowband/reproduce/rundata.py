@@ -58,6 +58,9 @@ class RunData:
     #: the dataset's number of classes as the run's summary.json records it (None: a run
     #: before the record, or not finished): what :func:`chance_text` compares with
     classes: Optional[int] = None
+    #: the saved config let the engine start worker processes (``engine.workers`` not 1,
+    #: executor not Ray): a round logged without its ``workers`` may have used several
+    pooled: bool = False
 
     @property
     def on_cpu(self) -> bool:
@@ -84,10 +87,30 @@ class RunData:
         return sum(r not in timed for r in range(1, self.rounds_done + 1))
 
     @property
+    def unmetered(self) -> int:
+        """Timed rounds without a measured CPU time (``cpu_s``: runs before it was recorded,
+        Ray runs): :attr:`cpu_hours` counts them as wall-clock x threads x workers."""
+        return sum(t.get("cpu_s") is None for t in self.timing)
+
+    @property
+    def uncounted_workers(self) -> bool:
+        """Rounds of a pooled run logged before timing.jsonl recorded the engine's workers:
+        their worker processes are not in :attr:`cpu_hours`, a lower bound then."""
+        return self.on_cpu and self.pooled and any("workers" not in t and t.get("cpu_s") is None for t in self.timing)
+
+    @property
     def cpu_hours(self) -> float:
-        """:attr:`seconds` times the run's ``threads`` (1 where unset), in hours; 0 for a
+        """The CPU time of the logged rounds, in hours: per round the measured ``cpu_s`` (this
+        process and its engine workers, :mod:`lowband.engine.cputime`), else its wall-clock
+        seconds times the run's ``threads`` (1 where unset) times its engine ``workers`` (1
+        where not recorded: older runs, whose worker processes are then not counted); 0 for a
         run on a GPU (its time is :attr:`gpu_hours`)."""
-        return self.seconds * (self.threads or 1) / 3600 if self.on_cpu else 0.0
+        if not self.on_cpu:
+            return 0.0
+        per_core = self.threads or 1
+        return sum(t["cpu_s"] if t.get("cpu_s") is not None else
+                   ((t.get("round_s") or 0.0) + (t.get("eval_s") or 0.0)) * per_core * int(t.get("workers") or 1)
+                   for t in self.timing) / 3600
 
     @property
     def gpu_hours(self) -> float:
@@ -117,6 +140,7 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
     if foreign:
         return _leave_out(*foreign)
     threads, seed, device = exp.threads, exp.seed, "cpu"
+    workers, executor = exp.engine.workers, exp.executor
     saved = rd / "config.toml"
     if saved.exists():
         import tomllib
@@ -125,12 +149,15 @@ def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
         threads = cfg.get("threads", threads)
         seed = int(cfg.get("seed", seed))
         device = str(cfg.get("device", "cpu"))
+        workers = (cfg.get("engine") or {}).get("workers", "auto")
+        executor = cfg.get("executor", "serial")
     main = exp.eval.main or "consensus/acc"
     n = exp.rounds
     classes = (_read_json(rd / "summary.json") or {}).get("num_classes")
     return RunData(rd, [m for m in metrics if m["round"] <= n], [t for t in _timing(rd) if t["round"] <= n], n,
                    exp.eval.target, main, int(threads) if threads else None, seed, device,
-                   int(classes) if isinstance(classes, int) else None)
+                   int(classes) if isinstance(classes, int) else None,
+                   pooled=executor != "ray" and str(workers) != "1")
 
 
 def _leave_out(why: str, fix: str) -> None:

@@ -148,9 +148,9 @@ def _held_compute(held: dict[int, KeptSeed]) -> str:
 def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
                  kept: Optional[dict[str, str]] = None) -> str:
     """The compute the table's runs took: CPU-hours = the sum over runs (every seed) of
-    their logged per-round training and evaluation seconds times their ``threads`` (1 where
-    unset), plus the CPU-hours recorded in the *run* column of cells kept from the previous
-    table (``kept``: cell id -> that column)."""
+    their logged per-round CPU time (:attr:`RunData.cpu_hours`: measured, else wall-clock x
+    ``threads`` x engine workers), plus the CPU-hours recorded in the *run* column of cells
+    kept from the previous table (``kept``: cell id -> that column)."""
     made = {d.dir.resolve(): d for d in runs if d is not None}
     cpu_h = sum(d.cpu_hours for d in made.values())
     wall_h = sum(d.seconds for d in made.values()) / 3600
@@ -160,13 +160,21 @@ def compute_line(runs: list[Optional[RunData]], configs: Optional[int] = None,
     if untimed:
         note += (f"; {len(untimed)} runs have {sum(d.untimed for d in untimed)} rounds without timing.jsonl lines, "
                  f"not counted (their compute is unknown: the hours are a lower bound)")
+    unmetered = [d for d in made.values() if d.on_cpu and d.unmetered]
+    if unmetered:
+        note += (f"; {len(unmetered)} runs have {sum(d.unmetered for d in unmetered)} rounds logged without their "
+                 f"CPU time (before it was recorded, or on Ray), counted as wall-clock x `threads` x engine workers")
+    pooled = [d for d in made.values() if d.uncounted_workers]
+    if pooled:
+        note += (f"; {len(pooled)} of them ran with `engine.workers` other than 1 before the workers were recorded, "
+                 f"counted as one process each (their hours are a lower bound, by up to the worker count)")
     gpu = [d for d in made.values() if not d.on_cpu]
     if gpu:
         note += (f"; {len(gpu)} runs on a GPU ({', '.join(sorted({d.device for d in gpu}))}) add "
                  f"{sum(d.gpu_hours for d in gpu):.3g} GPU-hours, not counted as CPU-hours")
     line = (f"**Compute: {cpu_h:.3g} CPU-hours** ({wall_h:.3g} h wall-clock) in the {len(made)} runs made of "
-            f"{len(runs) if configs is None else configs} configs: the sum of each run's per-round training and "
-            f"evaluation times (timing.jsonl) times its `threads`{note}.")
+            f"{len(runs) if configs is None else configs} configs: the sum of each run's per-round CPU time "
+            f"(timing.jsonl: its process and the engine's workers){note}.")
     if kept:
         recorded: dict[str, float] = {}
         missing: set[str] = set()
