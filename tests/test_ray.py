@@ -3,6 +3,7 @@ node states for the same config and seed, on a local 2-CPU Ray runtime (one per 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,10 @@ def test_ray_matches_serial(tmp_path: Path, ray_runtime, algorithm: str) -> None
     _same_states(serial.executor.states, par.executor.states)
     if algorithm != "fedavg":
         return
+    # the actors' CPU is not readable here: the timing lines say so (no cpu_s), with the
+    # worker count the tables then multiply the wall-clock by (lowband.engine.cputime)
+    timing = [json.loads(x) for x in (Path(par.result.run_dir) / "timing.jsonl").read_text().splitlines()]
+    assert [(t["workers"], "cpu_s" in t) for t in timing] == [(2, False), (2, False)]
 
     # checkpoints: gathered from the shards and scattered back (what --resume does)
     sd = par.executor.state_dict()
