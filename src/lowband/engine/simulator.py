@@ -10,7 +10,8 @@
 3. every ``eval.every`` rounds the evaluator measures the named protocols;
 4. one line goes to metrics.jsonl (deterministic), one to timing.jsonl (wall-clock seconds,
    the engine's workers and the CPU seconds they and this process took:
-   :mod:`lowband.engine.cputime`), and a checkpoint is written, so ``resume=True`` continues to the identical result.
+   :mod:`lowband.engine.cputime`), and a checkpoint is written, so ``resume=True``
+   continues to the identical result.
 
 Receivers validate what they get (:mod:`lowband.comm.validate`) and ``[faults]`` drops
 nodes and late replies (:mod:`lowband.faults`), in this round loop for every algorithm.
