@@ -76,7 +76,7 @@ class RunData:
         """Wall-clock seconds of the rounds that are in the log: the sum of each round's
         training and evaluation time (``timing.jsonl``; a resumed run's lines add up across
         its sessions, where ``elapsed_s`` restarts with each)."""
-        return float(sum((t.get("round_s") or 0.0) + (t.get("eval_s") or 0.0) for t in self.timing))
+        return float(sum(_wall_s(t) for t in self.timing))
 
     @property
     def untimed(self) -> int:
@@ -96,7 +96,7 @@ class RunData:
     def uncounted_workers(self) -> bool:
         """Rounds of a pooled run logged before timing.jsonl recorded the engine's workers:
         their worker processes are not in :attr:`cpu_hours`, a lower bound then."""
-        return self.on_cpu and self.pooled and any("workers" not in t and t.get("cpu_s") is None for t in self.timing)
+        return self.on_cpu and self.pooled and any("workers" not in t for t in self.timing)
 
     @property
     def cpu_hours(self) -> float:
@@ -109,13 +109,18 @@ class RunData:
             return 0.0
         per_core = self.threads or 1
         return sum(t["cpu_s"] if t.get("cpu_s") is not None else
-                   ((t.get("round_s") or 0.0) + (t.get("eval_s") or 0.0)) * per_core * int(t.get("workers") or 1)
+                   _wall_s(t) * per_core * int(t.get("workers") or 1)
                    for t in self.timing) / 3600
 
     @property
     def gpu_hours(self) -> float:
         """Wall-clock hours of a run on a GPU (one device), 0 for a CPU run."""
         return 0.0 if self.on_cpu else self.seconds / 3600
+
+
+def _wall_s(line: dict) -> float:
+    """A timing.jsonl line's wall-clock seconds: training and evaluation."""
+    return (line.get("round_s") or 0.0) + (line.get("eval_s") or 0.0)
 
 
 def run_data_at(exp: Any, rd: Path) -> Optional[RunData]:
