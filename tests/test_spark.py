@@ -329,7 +329,7 @@ def test_xp_cache_tiers_change_nothing_and_compute_once_per_node(tmp_path: Path)
     assert len(list(scratch.glob("spark-xp-*.float32"))) == 6  # one memory-mapped file per node
     st = runs["mixed"].alg.xp_cache().stats
     assert st["kept_ram"] == 2 and 6 < st["computed"] < replies  # two nodes fit; the rest recompute
-    assert runs["ram"].alg._lifts.hits > 0  # the responders reused the requesters' lifts
+    assert runs["ram"].alg.ops.caches.lifts.hits > 0  # the responders reused the requesters' lifts
     runs["disk"].alg.xp_cache().close()
     assert not list(scratch.iterdir())
 
