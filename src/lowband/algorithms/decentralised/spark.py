@@ -70,28 +70,6 @@ from lowband.comm.message import Message
 from lowband.topology import RoundPlan
 
 
-class SparkHP(KernelDFLHP):
-    """SPARK's defaults for the switches :class:`KernelDFLHP` declares: the paper's projection
-    (k = 1000), alg. 2's distillation (the sweep's schedule), Nesterov momentum 0.9, and the
-    candidate loss on the evolved predictions."""
-
-    projection: Literal["none", "gaussian", "kron"] = Field(
-        "gaussian", description="gaussian = SPARK's P ~ N(0, 1/k) per layer; kron = Kronecker-structured P "
-        "(beyond the paper); none = NTK-DFL's full Jacobians")
-    k: int = Field(1000, ge=1, description="projection dimension k (paper: 1000)")
-    distill: bool = Field(True, description="stage-wise annealed distillation targets (alg. 2)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum mu (paper: 0.9; 0 = off)")
-    alpha_final: float = Field(
-        0.7, ge=0, le=1, description="mixing weight of the hard labels at round R (the paper gives none; the "
-        "spec's 0.3 unlearns at paper size from round 17, 0.7 with temp_final 1 does not: docs/algorithms/spark.md)")
-    temp_final: float = Field(
-        1.0, gt=0, description="distillation temperature at round R (the spec's 3.0 with alpha_final 0.3 "
-        "unlearns at paper size; see alpha_final)")
-    tau_select: Literal["true", "evolved", "linear"] = Field(
-        "evolved", description="candidate loss: evolved predictions f_tau (paper: argmin_t L(f_t)), "
-        "linearised f_0 + Jt dtheta, or (projection none only) the true network")
-
-
 # -- eq. 2-3: P, fixed, drawn from the seed by every node, never sent --------------------------------
 class Subspace(Part):
     """``P`` and the lift ``w0 + P theta``."""
@@ -275,6 +253,28 @@ class Sampling(Part):
 
 
 # -- the method ------------------------------------------------------------------------------------
+class SparkHP(KernelDFLHP):
+    """SPARK's defaults for the switches :class:`KernelDFLHP` declares: the paper's projection
+    (k = 1000), alg. 2's distillation (the sweep's schedule), Nesterov momentum 0.9, and the
+    candidate loss on the evolved predictions."""
+
+    projection: Literal["none", "gaussian", "kron"] = Field(
+        "gaussian", description="gaussian = SPARK's P ~ N(0, 1/k) per layer; kron = Kronecker-structured P "
+        "(beyond the paper); none = NTK-DFL's full Jacobians")
+    k: int = Field(1000, ge=1, description="projection dimension k (paper: 1000)")
+    distill: bool = Field(True, description="stage-wise annealed distillation targets (alg. 2)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum mu (paper: 0.9; 0 = off)")
+    alpha_final: float = Field(
+        0.7, ge=0, le=1, description="mixing weight of the hard labels at round R (the paper gives none; the "
+        "spec's 0.3 unlearns at paper size from round 17, 0.7 with temp_final 1 does not: docs/algorithms/spark.md)")
+    temp_final: float = Field(
+        1.0, gt=0, description="distillation temperature at round R (the spec's 3.0 with alpha_final 0.3 "
+        "unlearns at paper size; see alpha_final)")
+    tau_select: Literal["true", "evolved", "linear"] = Field(
+        "evolved", description="candidate loss: evolved predictions f_tau (paper: argmin_t L(f_t)), "
+        "linearised f_0 + Jt dtheta, or (projection none only) the true network")
+
+
 def switched_on(hp: KernelDFLHP) -> bool:
     """One of SPARK's switches is on: a projection, distillation, momentum or data sampling
     (``update`` and the projection's knobs need a projection, the schedule needs ``distill``)."""
