@@ -281,7 +281,8 @@ def engine_rounds(alg: str, nodes: int, rounds: int, extra: list[str]) -> list[t
             out.append((time.perf_counter() - w, time.process_time() - c))
             print(f"  {alg} round {r}: {out[-1][0]:7.1f} s wall, {out[-1][1]:7.1f} s CPU  "
                   f"(x {300 / nodes:.0f} = {out[-1][0] * 300 / nodes / 60:5.1f} min at 300 nodes)", flush=True)
-        cache = getattr(sim.alg, "_xp_cache", None)
+        caches = getattr(getattr(sim.alg, "ops", None), "caches", None)
+        cache = caches and caches._xp_cache
         if cache is not None:
             print(f"  X P cache: {cache.stats}, {cache.ram_bytes / 1e6:.0f} MB RAM, {cache.disk_bytes / 1e6:.0f} MB files")
     return out

@@ -329,7 +329,7 @@ def test_xp_cache_tiers_change_nothing_and_compute_once_per_node(tmp_path: Path)
     assert len(list(scratch.glob("spark-xp-*.float32"))) == 6  # one memory-mapped file per node
     st = runs["mixed"].alg.xp_cache().stats
     assert st["kept_ram"] == 2 and 6 < st["computed"] < replies  # two nodes fit; the rest recompute
-    assert runs["ram"].alg._lifts.hits > 0  # the responders reused the requesters' lifts
+    assert runs["ram"].alg.ops.caches.lifts.hits > 0  # the responders reused the requesters' lifts
     runs["disk"].alg.xp_cache().close()
     assert not list(scratch.iterdir())
 
@@ -530,3 +530,43 @@ def test_memory_settings_do_not_make_another_run(tmp_path: Path) -> None:
     assert config_diff(run_dir, other(reply_groups=4, xp_cache_mb=0, xp_cache_disk_mb=0)) == {}
     assert set(config_diff(run_dir, other(k=30))) == {"algorithm.k"}
     assert set(config_diff(run_dir, other(xp_cache_dtype="float16"))) == {"algorithm.xp_cache_dtype"}
+
+
+def test_kernel_modules_import_in_one_direction_and_ntk_dfl_stays_itself() -> None:
+    """The kernel round's modules import one another without a circle (imports inside
+    functions counted), and a ``ntk_dfl`` configuration with SPARK's switches on builds an
+    ``NTKDFL`` whose parts are SPARK's (no constructor returns another module's class)."""
+    import ast
+
+    from lowband.algorithms import ALGORITHMS
+    from lowband.algorithms.decentralised import kernel_round, ntk_dfl, spark, spark_full
+
+    pkg = "lowband.algorithms.decentralised"
+    mods = ["ntk", "ntk_cache", "kernel_round", "ntk_dfl", "spark", "spark_full", "spark_cache"]
+    root = Path(ntk.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for m in mods:
+        deps = set()
+        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                deps |= {n.rsplit(".", 1)[1] for n in names if n.startswith(pkg + ".") and n.rsplit(".", 1)[1] in mods}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith(pkg + ".")}
+        graph[m] = deps - {m}
+    assert "spark" in graph["ntk_dfl"] and "ntk_dfl" not in graph["spark"]
+    done: list[str] = []
+    while len(done) < len(mods):  # topological order exists <=> no circle
+        ready = [m for m in mods if m not in done and graph[m] <= set(done)]
+        assert ready, f"import circle among {sorted(set(mods) - set(done))}"
+        done += ready
+
+    cls = ALGORITHMS["ntk_dfl"]
+    plain = cls(cls.Hyperparams())
+    switched = cls(cls.Hyperparams(projection="gaussian", k=40, tau_select="evolved", momentum=0.5, distill=True))
+    assert type(plain) is type(switched) is ntk_dfl.NTKDFL
+    assert isinstance(plain.ops.payload, kernel_round.DeclaredJacobians)
+    assert isinstance(switched.ops.payload, spark.ProjectedJacobians)
+    assert isinstance(switched.ops.exchange, spark.Coordinates) and isinstance(switched.ops.momentum, spark.Nesterov)
+    full = ALGORITHMS["spark"](ALGORITHMS["spark"].Hyperparams(update="full"))
+    assert isinstance(full.ops.finish, spark_full.FullUpdate) and isinstance(full.ops.exchange, kernel_round.Weights)
