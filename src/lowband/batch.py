@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from lowband.config import ConfigError, Experiment, parse_override, validate
+from lowband.config.schema import ConfigError, Experiment
+from lowband.config.loading import parse_override
+from lowband.config.resolve import validate
 from lowband.console import BatchProgress, log, quiet, round_info
 
 SEED_PREFIX = "seed-"
@@ -730,7 +732,7 @@ def run_sweep(raw: dict[str, Any] | Experiment, grid: dict[str, list[Any]], *, o
 
 def cmd_run_seeds(args: Any, overrides: list[str]) -> int:
     """``lowband run CONFIG --seeds ...``."""
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.report import fmt_mean_std
 
     exp = load_experiment(args.config, overrides)
@@ -756,7 +758,7 @@ def cmd_run_seeds(args: Any, overrides: list[str]) -> int:
 
 def cmd_sweep(args: Any) -> int:
     """``lowband sweep CONFIG key=a,b,c ... [--seeds] [--out] [--workers] [--backend]``."""
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
 
     grid, fixed = parse_grid(args.overrides)
     if args.data_dir:

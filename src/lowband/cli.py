@@ -23,7 +23,7 @@ EXIT_USAGE = 2
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from lowband.comm.wire import WireError
-    from lowband.config import ConfigError
+    from lowband.config.schema import ConfigError
     from lowband.data.errors import DatasetError, PartitionError
     from lowband.engine.runlog import RunDirError
     from lowband.report import ReportError
@@ -66,7 +66,7 @@ class _Progress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.engine.runlog import RunLog
     from lowband.engine.simulator import Simulation
 
@@ -153,7 +153,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {name:<18} {info if isinstance(info, str) else getattr(info, 'description', '')}"
                   f"  [state: {state}]")
     if what in (None, "topologies"):
-        from lowband.config import topology_defaults
+        from lowband.config.resolve import topology_defaults
 
         print("topologies: (the [topology] keys each kind reads, with the defaults a run uses)")
         for name, info in TOPOLOGIES.items():
@@ -179,9 +179,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.data.partition import plot_partition
-    from lowband.engine.simulator import make_federation
+    from lowband.data.build import make_federation
 
     overrides = list(args.overrides)
     if args.data_dir:
@@ -257,7 +257,7 @@ def demo_config(algorithm: str, hp: dict[str, Any], out_root: Path, rounds: int)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from lowband.config import validate
+    from lowband.config.resolve import validate
     from lowband.engine.simulator import Simulation
     from lowband.report import compare
 

@@ -44,7 +44,7 @@ _MODULES: dict[str, ModuleType] = {}
 _ENTRY_POINTS_LOADED = False
 
 
-from lowband.config import ConfigError  # noqa: E402
+from lowband.config.schema import ConfigError  # noqa: E402
 
 
 class PluginError(ConfigError):

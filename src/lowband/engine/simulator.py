@@ -39,10 +39,11 @@ from lowband.comm import links
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network, Transfer, link_direction  # noqa: F401 (re-exported)
 from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, Validator
-from lowband.config import ConfigError, Experiment, hyperparams
+from lowband.config.schema import ConfigError, Experiment
+from lowband.config.resolve import hyperparams
+from lowband.data.build import load_data, make_federation  # noqa: F401 (re-exported)
 from lowband.data.errors import PartitionError
-from lowband.data.federation import Federation, build_federation
-from lowband.data.sources import Dataset, load_dataset
+from lowband.data.federation import Federation
 from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
 from lowband.engine.cputime import CpuMeter
@@ -79,32 +80,6 @@ PROTOCOL_METRICS = {"global": ("acc", "loss"), "personal": ("acc_weighted", "acc
                     "node_global": ("acc", "acc_std", "loss"), "consensus": ("acc", "loss")}
 
 DEFAULT_TOPOLOGY = {"server": "star", "peer": "kregular", "oneshot": "contact_plan", "local": "star"}
-
-
-def load_data(exp: Experiment) -> Dataset:
-    """The experiment's dataset: a built-in or plugin one by name, or the user's npz
-    (``data.dataset = "npz"``, :mod:`lowband.data.userdata`)."""
-    d = exp.data
-    if d.dataset in ("npz", "csv"):
-        from lowband.data.userdata import check_model_input, load_user_dataset
-
-        ds = load_user_dataset(d.path, d.dataset, **d.options)
-        check_model_input(exp, ds)
-        return ds
-    return load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
-
-
-def make_federation(exp: Experiment) -> Federation:
-    """Load the dataset and split it among the nodes as the config says."""
-    d = exp.data
-    ds = load_data(exp)
-    return build_federation(
-        ds, num_clients=d.num_clients, partition=d.partition, alpha=d.alpha, min_size=d.min_size,
-        classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
-        split=tuple(d.split), public_size=d.public_size, public_source=d.public_source,
-        seed=exp.seed if d.seed is None else d.seed,
-        augment=d.augment,
-    )
 
 
 def _input_stats(meta: dict) -> Optional[tuple[list[float], list[float]]]:
