@@ -48,8 +48,9 @@ from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
 from lowband.engine.cputime import CpuMeter
 from lowband.engine.evaluation import Evaluator
-from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor, make_executor
-from lowband.engine.pool import PoolExecutor, resolve_workers
+from lowband.engine.backends import choose_executor
+from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor
+from lowband.engine.pool import PoolExecutor
 from lowband.engine.rounds import LocalPlace, RoundLoop, append_records, late_links, send
 from lowband.engine.rounds import deliver as deliver_items
 from lowband.engine.runlog import RunLog, summarize
@@ -265,22 +266,13 @@ class Simulation:
             public_x=self.fed.public_x if self.fed.public_x.numel() else None,
             vectorize=exp.engine.vectorize,
         )
-        options: dict[str, Any] = {}
-        kind = exp.executor
-        if exp.executor == "ray":
-            options = {"address": exp.ray_address, "num_workers": exp.ray_workers,
-                       "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
-        else:
-            #: worker processes of the round ([engine] workers; 1: this process, serially)
-            # a GPU run stays in this process
-            auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
-            self.workers = 1 if not auto_ok else resolve_workers(
-                exp.engine.workers, exp.threads, self.num_nodes, self.model_size,
-                sum(int(nd.n_train) for nd in self.fed.nodes))
-            if self.workers > 1:
-                kind, options = "pool", {"num_workers": self.workers, "threads": exp.threads}
+        #: worker processes of the round ([engine] workers; 1: this process, serially); a GPU
+        #: run stays in this process
+        auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
         with config_errors("executor"):
-            self.executor = make_executor(kind, env, **options)
+            self.executor, self.workers = choose_executor(
+                exp, env, auto_ok=auto_ok, model_size=self.model_size,
+                train_samples=sum(int(nd.n_train) for nd in self.fed.nodes))
         #: the one round loop; the backend decides where each step's calls run
         self.loop = RoundLoop(self.network, LocalPlace(self.executor, self.network)
                               if isinstance(self.executor, SerialExecutor) else self.executor)
