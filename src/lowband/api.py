@@ -500,9 +500,9 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
         sim = Simulation(e, resume=resume, write=write)
     bar = None
     if progress:
-        from lowband.cli import _Progress
+        from lowband.console import RunProgress
 
-        bar = _Progress(e.name, sim.main_metric, e.rounds)
+        bar = RunProgress(e.name, sim.main_metric, e.rounds)
         sim.progress = bar
     try:
         res = sim.run()

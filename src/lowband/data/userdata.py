@@ -54,6 +54,7 @@ import torch
 from lowband.config.schema import ConfigError, DataConfig
 
 from ..seeding import np_gen
+from .dataset import Dataset
 from .partition import split_local
 
 __all__ = ["USER_DATASETS", "read_csv", "ArrayData", "UserDataError", "NPZ_KEYS", "NPZ_OPTIONS", "arrays", "from_torch", "inspect_npz",
@@ -556,8 +557,6 @@ def to_dataset_fields(d: ArrayData, *, test_fraction: float, seed: int, normaliz
 
 @functools.lru_cache(maxsize=4)
 def _cached(path: str, kind: str, stamp: tuple[int, int], options: tuple[tuple[str, Any], ...]) -> Any:
-    from .sources import Dataset
-
     o = dict(options)
     d = load_arrays(path, o["max_gb"], o["num_classes"], kind)
     fields = to_dataset_fields(d, test_fraction=o["test_fraction"], seed=o["seed"], normalize=o["normalize"],
