@@ -453,10 +453,10 @@ class RunLog:
         atomic_write_text(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
 
     def write_ledger(self, ledger: Any) -> None:
-        """``ledger.csv``: every ledger record of the run (see :mod:`lowband.export`)."""
-        from lowband.export import LEDGER_FILE, write_ledger
+        """``ledger.csv``: every ledger record of the run (see :mod:`lowband.ledgerfile`)."""
+        from lowband.ledgerfile import LEDGER_FILE, ledger_columns, ledger_csv_text
 
-        write_ledger(ledger, self.dir / LEDGER_FILE)
+        atomic_write_text(self.dir / LEDGER_FILE, ledger_csv_text(ledger_columns(ledger)))
 
 
 def _busy(d: Path, holder: str) -> str:
