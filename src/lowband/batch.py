@@ -28,14 +28,13 @@ import copy
 import hashlib
 import itertools
 import json
-import math
 import os
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from lowband.config.schema import ConfigError, Experiment
 from lowband.config.loading import parse_override

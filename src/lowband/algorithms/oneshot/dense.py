@@ -36,7 +36,7 @@ ensemble assigns to its target label (diagnostics of a collapsing synthesis).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
