@@ -42,7 +42,6 @@ def validate(raw: dict[str, Any]) -> Experiment:
     return exp
 
 
-
 def _validate_links(exp: Experiment) -> None:
     """What ``[links]`` cannot check alone: node ids exist, the deadline's executor."""
     if exp.links is None:
@@ -55,7 +54,6 @@ def _validate_links(exp: Experiment) -> None:
     if exp.links.deadline_s is not None and exp.executor == "ray":
         raise ConfigError("links.deadline_s: drops late replies in the serial round loop only; use executor = "
                           "\"serial\" or leave links.deadline_s out (times are still written under ray)")
-
 
 
 def _validate_plugins(exp: Experiment) -> None:
@@ -120,7 +118,6 @@ def _validate_plugins(exp: Experiment) -> None:
             raise ConfigError(f"{key}: {exc}") from None
 
 
-
 def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:
     """Load a TOML file (or the defaults when ``path`` is None), apply overrides, validate.
 
@@ -137,7 +134,6 @@ def load_experiment(path: str | Path | None, overrides: list[str] | None = None)
                               f"\"fedavg\" or the override algorithm.name=fedavg (lowband list algorithms); "
                               f"`lowband demo` runs a ready-made comparison")
     return validate(raw)
-
 
 
 def hyperparams(exp: Experiment) -> BaseModel:
