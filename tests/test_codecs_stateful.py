@@ -18,9 +18,9 @@ import torch
 from conftest import digits_config
 from lowband.comm import DecodeBudget, Ledger, Message, WireError, decode_message, encode_message, parse_codec
 from lowband.comm.codecs import encode_with_state, is_stateful
-from lowband.comm.memory import MAX_POWERSGD_RANK
+from lowband.comm.codecs.memory import MAX_POWERSGD_RANK
 from lowband.comm.network import CodecConfig, Network
-from lowband.comm.quantizers import pack_codes, unpack_codes
+from lowband.comm.codecs.quantizers import pack_codes, unpack_codes
 from lowband.comm.wire import header_size
 from lowband.config import validate
 from lowband.engine.simulator import Simulation

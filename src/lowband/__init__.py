@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:  # the API loads on first use: `import lowban
 
         return getattr(api, name)
     if name == "Experiment":
-        from lowband.config import Experiment
+        from lowband.config.schema import Experiment
 
         return Experiment
     raise AttributeError(f"module 'lowband' has no attribute {name!r}")

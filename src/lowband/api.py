@@ -26,7 +26,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
+from lowband.config.schema import ConfigError, Experiment
+from lowband.config.loading import apply_overrides, load_toml
+from lowband.config.resolve import validate
 
 SERVER = -1
 
@@ -267,7 +269,7 @@ class Result:
 
         exp = self.config
         if self._data_shape is None:
-            from lowband.engine.simulator import load_data
+            from lowband.data.build import load_data
 
             ds = load_data(exp.model_copy(update={"data": exp.data.model_copy(update={"download": False})}))
             self._data_shape = (ds.num_classes, tuple(ds.input_shape), dict(ds.meta))
@@ -281,7 +283,7 @@ class Result:
         """The final model of ``node`` as a torch module (default: the server's global model
         where the algorithm has a server). Raises ValueError when that node holds none."""
         from lowband.algorithms import ALGORITHMS
-        from lowband.config import hyperparams
+        from lowband.config.resolve import hyperparams
         from lowband.train import load_params
 
         alg = ALGORITHMS[self.config.algorithm.name](hyperparams(self.config))
@@ -477,7 +479,7 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
         options["out_dir"] = str(out)
     e = _as_experiment(exp, options)
     if not write and e.log.tensorboard:
-        from lowband.config import ConfigError
+        from lowband.config.schema import ConfigError
 
         raise ConfigError("log.tensorboard writes RUN/tb/ in the run folder, and write=False writes nothing; "
                           "run with write=True (and out=...) or drop log.tensorboard")
@@ -498,9 +500,9 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
         sim = Simulation(e, resume=resume, write=write)
     bar = None
     if progress:
-        from lowband.cli import _Progress
+        from lowband.console import RunProgress
 
-        bar = _Progress(e.name, sim.main_metric, e.rounds)
+        bar = RunProgress(e.name, sim.main_metric, e.rounds)
         sim.progress = bar
     try:
         res = sim.run()
@@ -606,7 +608,7 @@ def load_run(path: str | Path) -> Result | SeedResults | SweepResult:
 
 
 def _load_one(p: Path) -> Result:
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.engine.runlog import RunLog
     from lowband.export import run_ledger
     from lowband.report import load_run as load_record

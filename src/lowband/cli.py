@@ -18,12 +18,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from lowband.console import RunProgress as _Progress
+
 EXIT_USAGE = 2
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from lowband.comm.wire import WireError
-    from lowband.config import ConfigError
+    from lowband.config.schema import ConfigError
     from lowband.data.errors import DatasetError, PartitionError
     from lowband.engine.runlog import RunDirError
     from lowband.report import ReportError
@@ -31,42 +33,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, DatasetError, PartitionError, RunDirError, ReportError, WireError)
 
 
-class _Progress:
-    """A rich progress bar showing round, main accuracy and MB sent so far."""
-
-    def __init__(self, title: str, main: str, total: int, quiet: bool = False):
-        self.main, self.quiet, self.total = main, quiet, total
-        self._bar = None
-        if not quiet:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                 TimeRemainingColumn(), transient=False)
-            self._task = self._bar.add_task(title, total=total, info="")
-            self._bar.start()
-
-    def __call__(self, r: int, total: int, rec: dict[str, Any]) -> None:
-        from lowband.console import log, round_info
-
-        log.debug("%s", round_info("round", r, rec, self.main))
-        if self._bar is None:
-            return
-        acc = rec.get(self.main)
-        mb = (rec.get("bytes/total", 0) or 0) / 1e6
-        decl = (rec.get("declared/total", 0) or 0) / 1e6
-        info = f"{self.main}={100 * acc:.2f}%  " if acc is not None else ""
-        info += f"{mb:.2f} MB" + (f" (+{decl:.1f} MB declared)" if decl else "")
-        self._bar.update(self._task, completed=r, info=info)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.engine.runlog import RunLog
     from lowband.engine.simulator import Simulation
 
@@ -153,7 +121,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {name:<18} {info if isinstance(info, str) else getattr(info, 'description', '')}"
                   f"  [state: {state}]")
     if what in (None, "topologies"):
-        from lowband.config import topology_defaults
+        from lowband.config.resolve import topology_defaults
 
         print("topologies: (the [topology] keys each kind reads, with the defaults a run uses)")
         for name, info in TOPOLOGIES.items():
@@ -179,9 +147,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
     from lowband.data.partition import plot_partition
-    from lowband.engine.simulator import make_federation
+    from lowband.data.build import make_federation
 
     overrides = list(args.overrides)
     if args.data_dir:
@@ -257,7 +225,7 @@ def demo_config(algorithm: str, hp: dict[str, Any], out_root: Path, rounds: int)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from lowband.config import validate
+    from lowband.config.resolve import validate
     from lowband.engine.simulator import Simulation
     from lowband.report import compare
 

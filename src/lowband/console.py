@@ -94,3 +94,36 @@ def round_info(label: str, r: int, rec: dict[str, Any], main: str) -> str:
 
 
 __all__ = ["BatchProgress", "LEVELS", "log", "quiet", "round_info", "setup_logging"]
+
+
+class RunProgress:
+    """A rich progress bar of one run showing round, main accuracy and MB sent so far
+    (``lowband run``, ``lowband demo``, ``lb.run(progress=True)``)."""
+
+    def __init__(self, title: str, main: str, total: int, quiet: bool = False):
+        self.main, self.quiet, self.total = main, quiet, total
+        self._bar = None
+        if not quiet:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                 TimeRemainingColumn(), transient=False)
+            self._task = self._bar.add_task(title, total=total, info="")
+            self._bar.start()
+
+    def __call__(self, r: int, total: int, rec: dict[str, Any]) -> None:
+        log.debug("%s", round_info("round", r, rec, self.main))
+        if self._bar is None:
+            return
+        acc = rec.get(self.main)
+        mb = (rec.get("bytes/total", 0) or 0) / 1e6
+        decl = (rec.get("declared/total", 0) or 0) / 1e6
+        info = f"{self.main}={100 * acc:.2f}%  " if acc is not None else ""
+        info += f"{mb:.2f} MB" + (f" (+{decl:.1f} MB declared)" if decl else "")
+        self._bar.update(self._task, completed=r, info=info)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

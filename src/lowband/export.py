@@ -28,12 +28,10 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-LEDGER_FILE = "ledger.csv"
-LEDGER_COLUMNS = ("round", "src", "dst", "direction", "kind", "bytes", "declared")
+from lowband.ledgerfile import LEDGER_COLUMNS, LEDGER_FILE, ledger_columns, ledger_csv_text  # noqa: F401 (re-exported)
+from lowband.report import ReportError
+
 FORMATS = ("csv", "parquet")
-
-
-from lowband.report import ReportError  # noqa: E402
 
 
 class ExportError(ReportError):
@@ -61,30 +59,6 @@ def require_pyarrow() -> Any:
 
 
 # --------------------------------------------------------------------------- the ledger file
-
-
-def ledger_columns(ledger: Any) -> dict[str, np.ndarray]:
-    """The ledger's records as named columns, directions and kinds as strings."""
-    from lowband.comm.message import DIRECTIONS
-
-    c = ledger.columns()
-    kinds = np.array(ledger.kinds or [""], dtype=object)
-    dirs = np.array(list(DIRECTIONS), dtype=object)
-    return {"round": c["round"].copy(), "src": c["src"].copy(), "dst": c["dst"].copy(),
-            "direction": dirs[c["direction"].astype(np.int64)], "kind": kinds[c["kind"].astype(np.int64)],
-            "bytes": c["encoded"].copy(), "declared": c["declared"].copy()}
-
-
-def ledger_csv_text(cols: dict[str, np.ndarray]) -> str:
-    """CSV text of ledger columns (header first)."""
-    lists = [cols[k].tolist() for k in LEDGER_COLUMNS]
-    lines = [",".join(LEDGER_COLUMNS)]
-    lines += [f"{r},{s},{d},{di},{_csv_str(k)},{b},{de}" for r, s, d, di, k, b, de in zip(*lists)]
-    return "\n".join(lines) + "\n"
-
-
-def _csv_str(s: str) -> str:
-    return s if not any(ch in s for ch in ',"\n\r') else '"' + s.replace('"', '""') + '"'
 
 
 def write_ledger(ledger: Any, path: Path) -> Path:
@@ -204,7 +178,7 @@ def export_folders(run: str | Path) -> Optional[Any]:
     """What :func:`export_run` reads from ``run``: None for a single run folder (its
     tables as they are, no ``seed`` column; also a run still going), else the
     :class:`~lowband.report.RunFolders` of a seeds folder in either layout."""
-    from lowband.batch import seed_runs
+    from lowband.aggregate import seed_runs
     from lowband.report import ReportError, find_runs
 
     root = Path(run)
@@ -224,7 +198,7 @@ def aggregate_rows(dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """One row per round over the runs in ``dirs``: ``round, n``, then
     ``<metric>.n/.mean/.std/.ci_low/.ci_high`` (as ``aggregate.csv`` of ``lowband run
     --seeds``, :func:`lowband.batch.aggregate_round_records`)."""
-    from lowband.batch import aggregate_dirs, aggregate_round_records
+    from lowband.aggregate import aggregate_dirs, aggregate_round_records
 
     return aggregate_round_records(aggregate_dirs(dirs))
 

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Optional
 
+from lowband.config.schema import ConfigError
+
 log = logging.getLogger("lowband")
 
 GROUPS = {"algorithms": "lowband.algorithms", "models": "lowband.models", "datasets": "lowband.datasets",
@@ -42,9 +44,6 @@ GROUPS = {"algorithms": "lowband.algorithms", "models": "lowband.models", "datas
 LOADED: list[str] = []
 _MODULES: dict[str, ModuleType] = {}
 _ENTRY_POINTS_LOADED = False
-
-
-from lowband.config import ConfigError  # noqa: E402
 
 
 class PluginError(ConfigError):

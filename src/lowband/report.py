@@ -87,7 +87,7 @@ def find_runs(path: str | Path) -> RunFolders:
 
     A seed found twice counts once (the folder's own run first); unfinished runs are left
     out (listed in ``left_out``). Raises ReportError when there is no finished run."""
-    from lowband.batch import seed_runs
+    from lowband.aggregate import seed_runs
 
     p = Path(path)
     own = (p / "summary.json").exists()
@@ -112,7 +112,7 @@ def find_runs(path: str | Path) -> RunFolders:
     layout = "run" if own and len(found) == 1 else "run+seeds" if own else "seeds"
     found.sort(key=lambda sf: (sf[0] is None, sf[0] if sf[0] is not None else 0))
     if len(found) > 1:  # one row / one aggregate over seeds needs seeds of one length
-        from lowband.batch import rounds_mismatch
+        from lowband.aggregate import rounds_mismatch
 
         odd = rounds_mismatch([d for _, d in found], [json.loads((d / "summary.json").read_text()) for _, d in found])
         if odd:
@@ -169,14 +169,14 @@ def fmt_mean_std(mean: Optional[float], std: Optional[float], *, pct: bool = Fal
 def mean_std_text(values: Sequence[Optional[float]], *, pct: bool = False, digits: int = 2) -> str:
     """``mean ± std`` of the non-missing ``values`` (for tables over seeds; lowband.reproduce
     can call it with one value per seed); ``"-"`` when none."""
-    from lowband.batch import stats
+    from lowband.aggregate import stats
 
     s = stats(values)
     return fmt_mean_std(s["mean"], s["std"], pct=pct, digits=digits)
 
 
 def _bytes_mean_std(values: Sequence[Optional[float]]) -> str:
-    from lowband.batch import stats
+    from lowband.aggregate import stats
 
     s = stats(values)
     if s["mean"] is None:
@@ -305,7 +305,7 @@ def mean_band(runs_metrics: Sequence[list[dict[str, Any]]], key: str, xkey: str 
               ) -> Optional[tuple[list[float], list[float], list[float], list[float]]]:
     """(x, mean, ci_low, ci_high) over runs at the rounds every run evaluated; x is the round
     or the mean cumulative bytes (``xkey="bytes"``: encoded + declared; or any metric key)."""
-    from lowband.batch import stats
+    from lowband.aggregate import stats
 
     by_round = [{int(r["round"]): r for r in m} for m in runs_metrics]
     rounds = sorted(set.intersection(*(set(b) for b in by_round))) if by_round else []
@@ -362,7 +362,7 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per sweep cell (see :func:`lowband.batch.run_sweep`): the swept values, then
     the main metric's final value over seeds (mean, std, 95% CI), best, rounds and bytes to
     target and the traffic (means)."""
-    from lowband.batch import flat_summary, stats, value_text
+    from lowband.aggregate import flat_summary, stats, value_text
 
     rows = []
     for c in cells:

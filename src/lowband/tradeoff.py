@@ -42,7 +42,9 @@ from typing import Any, Optional, Sequence
 
 from lowband.batch import (BatchError, Cell, Job, cell_dirname, parse_seeds, raw_config, run_jobs, seed_jobs,
                            split_values, stats, write_aggregate)
-from lowband.config import ConfigError, parse_override, validate
+from lowband.config.schema import ConfigError
+from lowband.config.loading import parse_override
+from lowband.config.resolve import validate
 from lowband.metricdir import higher_is_better
 
 FILES = ("frontier.csv", "frontier.md", "frontier.png")
@@ -689,7 +691,7 @@ def cmd_retime(args: Any) -> int:
 
 def cmd_frontier(args: Any) -> int:
     """``lowband frontier CONFIG --methods ... --codecs ... [--seeds] [--link] [--target] [--out] [--workers]``."""
-    from lowband.config import load_experiment
+    from lowband.config.resolve import load_experiment
 
     fixed = list(args.overrides or [])
     if args.data_dir:

@@ -32,7 +32,7 @@ receivers, and the message kind) and tensor name: the sender's private state, ne
 sent. A backend that encodes where the senders live (a Ray shard) keeps its senders'
 states in its own network; the run checkpoints them (:meth:`codec_state_dict`).
 
-EF21 (``ef21(...)``, :class:`~lowband.comm.memory.EF21`) keeps an estimate at both ends
+EF21 (``ef21(...)``, :class:`~lowband.comm.codecs.memory.EF21`) keeps an estimate at both ends
 of a link: the sender's under the link ``"<receiver>:<kind>"``, the receiver's mirror in
 the receiver's own entry under ``"from:<sender>:<kind>"`` (checkpointed with it, never
 sent); a broadcast is encoded once per receiver, against each link's estimate. Encoding
@@ -68,7 +68,7 @@ import torch
 from ..seeding import torch_gen
 from .codecs import Codec, is_stateful
 from .ledger import Ledger
-from .memory import has_receiver_state
+from .codecs.memory import has_receiver_state
 from .message import DIRECTIONS, SERVER, Message
 from .validate import Rejection, Validator, content_problem
 from .wire import WireError, codec_from_spec, declared_bytes, decode_with_codec, encode_message

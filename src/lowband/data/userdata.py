@@ -51,9 +51,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lowband.config import ConfigError
+from lowband.config.schema import ConfigError, DataConfig
 
 from ..seeding import np_gen
+from .dataset import Dataset
 from .partition import split_local
 
 __all__ = ["USER_DATASETS", "read_csv", "ArrayData", "UserDataError", "NPZ_KEYS", "NPZ_OPTIONS", "arrays", "from_torch", "inspect_npz",
@@ -556,8 +557,6 @@ def to_dataset_fields(d: ArrayData, *, test_fraction: float, seed: int, normaliz
 
 @functools.lru_cache(maxsize=4)
 def _cached(path: str, kind: str, stamp: tuple[int, int], options: tuple[tuple[str, Any], ...]) -> Any:
-    from .sources import Dataset
-
     o = dict(options)
     d = load_arrays(path, o["max_gb"], o["num_classes"], kind)
     fields = to_dataset_fields(d, test_fraction=o["test_fraction"], seed=o["seed"], normalize=o["normalize"],
@@ -603,3 +602,51 @@ def check_model_input(exp: Any, ds: Any) -> None:
         if inputs == "image" and not images:
             raise UserDataError(f"{key}: {name} is a CNN for images (C, H, W) and {exp.data.path} holds {what}; use "
                                 f"mlp or logreg, or give x as (N, C, H, W) images")
+
+
+def resolve_user_data(d: DataConfig) -> None:
+    """``dataset = "npz"``: check the file's headers (cheap, nothing loaded but the client
+    ids) and resolve the partition: a file with client ids and no ``data.partition`` in the
+    config takes ``partition = "given"`` and ``num_clients`` = its number of clients (written
+    into the resolved config, so a resumed run reads the same). Part of the config's
+    validation (:func:`lowband.config.resolve.validate`)."""
+    if d.dataset not in ("npz", "csv"):
+        if d.path is not None:
+            raise ConfigError(f"data.path: read only with data.dataset = 'npz' or 'csv' (the user's file); dataset "
+                              f"{d.dataset!r} is found under data.data_dir: drop data.path or set dataset = 'npz'")
+        if d.partition == "given":
+            raise ConfigError("data.partition: 'given' takes the client ids of the user's data (dataset = 'npz' "
+                              "with a client array); use 'natural' for a dataset's own clients")
+        return
+    if not d.path:
+        raise ConfigError(f"data.path: dataset {d.dataset!r} needs data.path, the file holding your data (an .npz "
+                          f"with arrays x and y: numpy.savez('my.npz', x=x, y=y); or a CSV with a y column)")
+    o = {**NPZ_OPTIONS, **d.options}
+    if o["num_classes"] != 0 and o["num_classes"] < 2:
+        raise ConfigError(f"data.options.num_classes: 0 (max(y) + 1) or a count >= 2, got {o['num_classes']}")
+    if not o["max_gb"] > 0:
+        raise ConfigError(f"data.options.max_gb: the most memory (GB) the arrays may need, > 0; got {o['max_gb']}")
+    if not 0 < o["test_fraction"] < 1:
+        raise ConfigError(f"data.options.test_fraction: the share of the rows held out as the global test set when "
+                          f"the data has no x_test/y_test, in (0, 1); got {o['test_fraction']}")
+    max_gb = float(o["max_gb"])
+    clients = client_count(d.path, max_gb, d.dataset)
+    if "test_fraction" in d.options and d.dataset == "npz":
+        has_test = (load_arrays(d.path).x_test is not None if d.path.startswith(MEMORY_PREFIX)
+                    else "x_test" in inspect_npz(Path(d.path).expanduser(), max_gb))
+        if has_test:
+            raise ConfigError(f"data.options.test_fraction: {d.path} has x_test/y_test, the global test set, so "
+                              f"nothing is carved out of x; drop test_fraction")
+    if clients is None:
+        if d.partition == "given":
+            raise ConfigError(f"data.partition: 'given' needs client ids in {d.path} (an array named client, one "
+                              f"int per row of x); or choose iid, dirichlet, shards or ntk_fl")
+        return
+    if "partition" not in d.model_fields_set:
+        d.partition = "given"
+    if d.partition == "given":
+        if "num_clients" not in d.model_fields_set:
+            d.num_clients = clients
+        elif d.num_clients != clients:
+            raise ConfigError(f"data.num_clients: {d.path} gives {clients} distinct client ids and num_clients is "
+                              f"{d.num_clients}; drop num_clients (it follows the file) or set it to {clients}")

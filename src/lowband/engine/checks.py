@@ -55,7 +55,7 @@ import warnings
 from collections import deque
 from typing import Any, Optional, Sequence
 
-from lowband.config import STAR_SAMPLING_KEYS, TOPOLOGY_KEYS, ConfigError, Experiment
+from lowband.config.schema import STAR_SAMPLING_KEYS, TOPOLOGY_KEYS, ConfigError, Experiment
 
 #: topology kinds that give peer links (RoundPlan.neighbors)
 PEER_KINDS = ("kregular", "ring", "complete", "erdos_renyi", "contact_plan")
@@ -225,10 +225,10 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
     """Refuse, with one line, an experiment that cannot measure what it asks (see the module
     docstring). ``alg``: the experiment's algorithm instance (built here when None)."""
     from lowband.algorithms import ALGORITHMS
-    from lowband.config import hyperparams
 
     if alg is None:
-        alg = ALGORITHMS[exp.algorithm.name](hyperparams(exp))
+        cls = ALGORITHMS[exp.algorithm.name]
+        alg = cls(cls.Hyperparams.model_validate(exp.algorithm.options()))
     _check_topology(exp, alg)
     _check_data(exp)
     _check_public_set(exp, alg)
@@ -317,7 +317,7 @@ def _check_topology(exp: Experiment, alg: Any) -> None:
 
 
 def _schema_default(key: str, section: str = "topology") -> Any:
-    from lowband.config import DataConfig, TopologyConfig
+    from lowband.config.schema import DataConfig, TopologyConfig
 
     model = TopologyConfig if section == "topology" else DataConfig
     return model.model_fields[key].get_default(call_default_factory=True)

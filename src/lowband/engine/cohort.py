@@ -472,7 +472,7 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
     """``SerialExecutor.run_step`` for a step marked by :func:`local_sgd_step`: the same
     per-node seeding, states, outboxes and divergence reports, with the supported jobs
     trained in cohorts and the others on the per-node path."""
-    from lowband.engine.executor import own_inbox  # (executor imports this module)
+    from lowband.engine.inbox import own_inbox
 
     prepare, finish = cohort_methods(step.fn)  # type: ignore[misc]
     env = executor.env

@@ -7,7 +7,7 @@ encoding, counting) is :mod:`lowband.engine.rounds`, the same for every backend:
 serial executor is its one in-process place; the worker pool
 (:class:`lowband.engine.pool.PoolExecutor`) and Ray
 (:class:`lowband.engine.ray_executor.RayExecutor`) shard the node states over places in
-other processes and implement the same methods.
+other processes and implement the same methods; :mod:`lowband.engine.backends` chooses one.
 """
 
 from __future__ import annotations
@@ -21,17 +21,10 @@ from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step
 from lowband.engine import cohort
+from lowband.engine.inbox import own_inbox
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 from lowband.train import diverged_count
-
-
-def own_inbox(inboxes: dict[int, list[Envelope]], node: int) -> list[Envelope]:
-    """``node``'s inbox with a private copy of every shared (broadcast) message: a broadcast's
-    decoded message is held once for all its receivers (memory), and each receiver gets its
-    own copy only when its step runs, so the copies do not pile up and no receiver's writes
-    reach another's."""
-    return [Envelope(e.src, e.msg.clone()) if e.shared else e for e in inboxes.get(node, [])]
 
 
 def map_many(fn: Callable[..., Any]) -> Optional[Callable[..., Any]]:
@@ -172,21 +165,3 @@ class SerialExecutor:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.states = {int(k): v for k, v in sd.items()}
-
-
-def make_executor(kind: str, env: NodeEnv, **options: Any) -> Executor:
-    """The executor named in the config ("serial"; "pool": local worker processes,
-    ``[engine] workers``; "ray" with the ray extra)."""
-    if kind == "serial":
-        return SerialExecutor(env)
-    if kind == "pool":
-        from lowband.engine.pool import PoolExecutor
-
-        return PoolExecutor(env, **options)
-    if kind == "ray":
-        try:
-            from lowband.engine.ray_executor import RayExecutor  # type: ignore[import-not-found]
-        except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise ValueError(f"executor 'ray' is not available ({exc}); install it with pip install 'lowband[ray]'") from None
-        return RayExecutor(env, **options)
-    raise ValueError(f"unknown executor {kind!r}; available: serial, ray")

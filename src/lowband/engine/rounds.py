@@ -144,7 +144,7 @@ def send(net: Network, round: int, outboxes: dict[int, Outbox], *, here: int = 0
 def deliver(net: Network, round: int, items: Iterable[Item], faults: RoundFaults = NO_FAULTS,
             late: Late = frozenset(), fetch: Callable[[Any], Optional[bytes]] = lambda p: p) -> dict[int, list[Envelope]]:
     """Decode each message once and hand it to every receiver that validates it (one shared
-    object for a broadcast; :func:`lowband.engine.executor.own_inbox` copies it for each
+    object for a broadcast; :func:`lowband.engine.inbox.own_inbox` copies it for each
     receiver's step), in the
     serial inbox order (by sender, then outbox order); messages of late or dropped nodes
     (``faults``) and (message, receiver) pairs past the deadline (``late``) are left out;

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from lowband.config import Experiment
+from lowband.config.schema import Experiment
 from lowband.engine.runlock import LOCK_NAME, RunLock, lock_holder
 from lowband.metricdir import reaches
 
@@ -134,7 +134,7 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
 
     d = tomllib.loads(toml_text)
     try:  # fill keys added to the schema since the run was saved with their defaults
-        from lowband.config import validate
+        from lowband.config.resolve import validate
 
         exp = validate(d)
         d = tomllib.loads(exp.to_toml())
@@ -162,7 +162,7 @@ HYPERPARAMS_NAME = "hyperparams.json"
 
 def resolved_hyperparams(exp: Experiment) -> dict[str, Any]:
     """``{"algorithm": name, **every hyperparameter}`` (defaults included) of ``exp``."""
-    from lowband.config import hyperparams
+    from lowband.config.resolve import hyperparams
 
     return {"algorithm": exp.algorithm.name, **hyperparams(exp).model_dump(mode="json")}
 
@@ -206,7 +206,7 @@ def config_diff(folder: Path, exp: Experiment, ignore: tuple[str, ...] = ()) -> 
 
 def _performance_only(exp: Experiment) -> frozenset[str]:
     """The algorithm's keys that change no number (``Hyperparams.PERFORMANCE_ONLY``)."""
-    from lowband.config import hyperparams
+    from lowband.config.resolve import hyperparams
 
     try:
         return type(hyperparams(exp)).PERFORMANCE_ONLY
@@ -291,7 +291,7 @@ class RunLog:
         log = cls(run_dir or exp.run_dir())
         d = log.dir
         if exp.log.tensorboard:  # a missing optional package is refused before anything is written
-            from lowband.config import ConfigError
+            from lowband.config.schema import ConfigError
             from lowband.tblog import require_tensorboard
 
             try:
@@ -453,10 +453,10 @@ class RunLog:
         atomic_write_text(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
 
     def write_ledger(self, ledger: Any) -> None:
-        """``ledger.csv``: every ledger record of the run (see :mod:`lowband.export`)."""
-        from lowband.export import LEDGER_FILE, write_ledger
+        """``ledger.csv``: every ledger record of the run (see :mod:`lowband.ledgerfile`)."""
+        from lowband.ledgerfile import LEDGER_FILE, ledger_columns, ledger_csv_text
 
-        write_ledger(ledger, self.dir / LEDGER_FILE)
+        atomic_write_text(self.dir / LEDGER_FILE, ledger_csv_text(ledger_columns(ledger)))
 
 
 def _busy(d: Path, holder: str) -> str:

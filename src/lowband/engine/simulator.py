@@ -39,16 +39,18 @@ from lowband.comm import links
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network, Transfer, link_direction  # noqa: F401 (re-exported)
 from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, Validator
-from lowband.config import ConfigError, Experiment, hyperparams
+from lowband.config.schema import ConfigError, Experiment
+from lowband.config.resolve import hyperparams
+from lowband.data.build import load_data, make_federation  # noqa: F401 (re-exported)
 from lowband.data.errors import PartitionError
-from lowband.data.federation import Federation, build_federation
-from lowband.data.sources import Dataset, load_dataset
+from lowband.data.federation import Federation
 from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
 from lowband.engine.cputime import CpuMeter
 from lowband.engine.evaluation import Evaluator
-from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor, make_executor
-from lowband.engine.pool import PoolExecutor, resolve_workers
+from lowband.engine.backends import choose_executor
+from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor
+from lowband.engine.pool import PoolExecutor
 from lowband.engine.rounds import LocalPlace, RoundLoop, append_records, late_links, send
 from lowband.engine.rounds import deliver as deliver_items
 from lowband.engine.runlog import RunLog, summarize
@@ -79,32 +81,6 @@ PROTOCOL_METRICS = {"global": ("acc", "loss"), "personal": ("acc_weighted", "acc
                     "node_global": ("acc", "acc_std", "loss"), "consensus": ("acc", "loss")}
 
 DEFAULT_TOPOLOGY = {"server": "star", "peer": "kregular", "oneshot": "contact_plan", "local": "star"}
-
-
-def load_data(exp: Experiment) -> Dataset:
-    """The experiment's dataset: a built-in or plugin one by name, or the user's npz
-    (``data.dataset = "npz"``, :mod:`lowband.data.userdata`)."""
-    d = exp.data
-    if d.dataset in ("npz", "csv"):
-        from lowband.data.userdata import check_model_input, load_user_dataset
-
-        ds = load_user_dataset(d.path, d.dataset, **d.options)
-        check_model_input(exp, ds)
-        return ds
-    return load_dataset(d.dataset, d.data_dir, download=d.download, **d.options)
-
-
-def make_federation(exp: Experiment) -> Federation:
-    """Load the dataset and split it among the nodes as the config says."""
-    d = exp.data
-    ds = load_data(exp)
-    return build_federation(
-        ds, num_clients=d.num_clients, partition=d.partition, alpha=d.alpha, min_size=d.min_size,
-        classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
-        split=tuple(d.split), public_size=d.public_size, public_source=d.public_source,
-        seed=exp.seed if d.seed is None else d.seed,
-        augment=d.augment,
-    )
 
 
 def _input_stats(meta: dict) -> Optional[tuple[list[float], list[float]]]:
@@ -290,22 +266,13 @@ class Simulation:
             public_x=self.fed.public_x if self.fed.public_x.numel() else None,
             vectorize=exp.engine.vectorize,
         )
-        options: dict[str, Any] = {}
-        kind = exp.executor
-        if exp.executor == "ray":
-            options = {"address": exp.ray_address, "num_workers": exp.ray_workers,
-                       "num_cpus": exp.ray_num_cpus, "threads": exp.threads}
-        else:
-            #: worker processes of the round ([engine] workers; 1: this process, serially)
-            # a GPU run stays in this process
-            auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
-            self.workers = 1 if not auto_ok else resolve_workers(
-                exp.engine.workers, exp.threads, self.num_nodes, self.model_size,
-                sum(int(nd.n_train) for nd in self.fed.nodes))
-            if self.workers > 1:
-                kind, options = "pool", {"num_workers": self.workers, "threads": exp.threads}
+        #: worker processes of the round ([engine] workers; 1: this process, serially); a GPU
+        #: run stays in this process
+        auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
         with config_errors("executor"):
-            self.executor = make_executor(kind, env, **options)
+            self.executor, self.workers = choose_executor(
+                exp, env, auto_ok=auto_ok, model_size=self.model_size,
+                train_samples=sum(int(nd.n_train) for nd in self.fed.nodes))
         #: the one round loop; the backend decides where each step's calls run
         self.loop = RoundLoop(self.network, LocalPlace(self.executor, self.network)
                               if isinstance(self.executor, SerialExecutor) else self.executor)

@@ -64,7 +64,9 @@ from lowband.algorithms.base import SERVER, Envelope, Outbox, Step
 from lowband.comm.ledger import Ledger
 from lowband.comm.message import Message as LBMessage
 from lowband.comm.network import Network
-from lowband.config import ConfigError, Experiment, apply_overrides, load_toml, validate
+from lowband.config.schema import ConfigError, Experiment
+from lowband.config.loading import apply_overrides, load_toml
+from lowband.config.resolve import validate
 from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,

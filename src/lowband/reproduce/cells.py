@@ -13,7 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
-from lowband.config import ConfigError, load_experiment, load_toml
+from lowband.config.schema import ConfigError
+from lowband.config.resolve import load_experiment
+from lowband.config.loading import load_toml
 
 UNITS = ("%", "GB", "MB", "rounds", "s", "")
 

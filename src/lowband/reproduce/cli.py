@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from lowband.config import load_experiment
+from lowband.config.resolve import load_experiment
 from lowband.engine.runlog import atomic_write_text
 from lowband.reproduce.cells import _overrides, load_cells, locate, run_plan, seed_overrides, select, with_seeds
 from lowband.reproduce.dryrun import dry_run
@@ -30,7 +30,7 @@ def _check_device(spec: str, present: bool) -> None:
     machine has: checked before any run starts, so a missing GPU does not stop the
     campaign at its first cell; either is a one-line error (exit 2). A collect or a dry
     run only reads, so it needs no GPU here."""
-    from lowband.config import ConfigError
+    from lowband.config.schema import ConfigError
     from lowband.device import check_spec, resolve_device
 
     try:

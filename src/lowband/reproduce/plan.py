@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from lowband.config import Experiment, load_experiment
+from lowband.config.schema import Experiment
+from lowband.config.resolve import load_experiment
 from lowband.reproduce.cells import Cell, config_seed, run_plan, seed_overrides
 from lowband.reproduce.rundata import _not_a_run_of, _read_json, left_out_seeds
 from lowband.reproduce.table import (_CPU_H, _HELD, KeptSeed, _same_run, changed_since, seed_note,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from lowband.config import load_experiment
+from lowband.config.resolve import load_experiment
 from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.runlog import config_change_text, config_diff, rounds_to_target
 from lowband.reproduce.cells import Cell

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from lowband.config import ConfigError, load_experiment
+from lowband.config.schema import ConfigError
+from lowband.config.resolve import load_experiment
 from lowband.engine.checks import CHANCE_MARGIN, DECAY_DROP, DECAY_WINDOW
 from lowband.reproduce.cells import Cell, config_seed
 from lowband.reproduce.rundata import RunData, left_out_seeds, number_text, seed_data, value

@@ -36,7 +36,7 @@ ensemble assigns to its target label (diagnostics of a collapsing synthesis).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -46,20 +46,9 @@ from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Ou
 from lowband.algorithms.oneshot.fol import PretrainHP, _build, model_message, pretrain, read_arch
 from lowband.algorithms.oneshot.fol_prune import trace_arch
 from lowband.algorithms.oneshot.generator import DEFAULT_STATS, BNStatLoss, Generator, augment_batch, normalise
+from lowband.data.build import federation_of_config
 from lowband.topology import RoundPlan, Topology
 from lowband.train import Params, batches, get_params, predict_logits
-
-_REFERENCE: dict[str, Any] = {}
-
-
-def reference_federation(path: str) -> Any:
-    """The federation of the FOL config ``path`` (built once per process; evaluation only)."""
-    if path not in _REFERENCE:
-        from lowband.config import load_experiment
-        from lowband.engine.simulator import make_federation
-
-        _REFERENCE[path] = make_federation(load_experiment(path))
-    return _REFERENCE[path]
 
 
 def kldiv(student: torch.Tensor, teacher: torch.Tensor, T: float, reduction: str = "batchmean") -> torch.Tensor:
@@ -326,7 +315,7 @@ class DENSE(Algorithm):
     def node_metrics(self, ctx: NodeContext, state: State) -> dict[str, float]:
         if ctx.node != SERVER or not self.hp.eval_reference or not self.hp.eval_targets or not state.get("teachers"):
             return {}
-        fed = reference_federation(self.hp.eval_reference)
+        fed = federation_of_config(self.hp.eval_reference)
         nets = self.teachers(state)
         out: dict[str, float] = {}
         with torch.no_grad():

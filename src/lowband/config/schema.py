@@ -1,32 +1,49 @@
-"""Experiment configuration: schema, TOML loading, ``key=value`` overrides, validation.
+"""The experiment schema: pydantic models of every config section, and :class:`ConfigError`.
 
-One experiment is one TOML file (plus optional ``section.key=value`` overrides on the
-command line). Everything is validated before anything runs or is written: an unknown
-key, a wrong type or a value out of range raises :class:`ConfigError` whose message is a
-single line naming the key and what is allowed (the CLI prints it and exits with 2).
+This module is the bottom of lowband's import graph: it imports nothing else from lowband,
+so any module (the engine, the data layer, the front doors) may use the models without a
+circle. It checks what a config says on its own: types, ranges, keys that go together.
+What needs another part of lowband (algorithm, model, dataset and codec names, link
+presets, device names, which way a metric improves) is checked by the resolver,
+:mod:`lowband.config.resolve`, which every front door (CLI, Python API, Simulation) calls:
+it hands those facts to the validators below through pydantic's validation ``context``
+(:func:`parse_experiment`), so the messages and their order are those of one validation.
 
-Algorithm hyperparameters and model options are validated by the algorithm's own
-pydantic model and by the model registry, so ``lowband list`` and the validation never
-disagree about names or defaults.
+An unknown key, a wrong type or a value out of range raises :class:`ConfigError` whose
+message is a single line naming the key and what is allowed (the CLI prints it and exits
+with 2).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Container, Literal, Optional, TypedDict, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 import tomli_w
 
-from lowband.metricdir import higher_is_better
+
+class Facts(TypedDict, total=False):
+    """What the schema's validators need from the rest of lowband, supplied by the resolver
+    (:func:`lowband.config.resolve.facts`) as pydantic's validation ``context``. A check
+    whose fact is absent is skipped (a model built directly, outside the front doors)."""
+
+    #: link preset names (lowband.comm.links.PRESETS)
+    link_presets: Container[str]
+    #: raises ValueError naming what is inconsistent in a [links] section (lowband.comm.links.configured_profiles)
+    link_profiles: Callable[[Any], Any]
+    #: the accepted device name, or ValueError (lowband.device.check_spec)
+    device_spec: Callable[[str], str]
+    #: whether a larger value of a metric is better (lowband.metricdir.higher_is_better)
+    higher_is_better: Callable[[Optional[str]], bool]
+
+
+def _fact(info: ValidationInfo, name: str) -> Any:
+    ctx = info.context
+    return ctx.get(name) if isinstance(ctx, dict) else None
 
 
 class ConfigError(ValueError):
@@ -132,22 +149,10 @@ TOPOLOGY_KEYS: dict[str, tuple[str, ...]] = {
 #: the star key each sampling mode reads
 STAR_SAMPLING_KEYS: dict[str, Optional[str]] = {"all": None, "fraction": "fraction", "count": "count",
                                                 "list": "schedule"}
-
-
-def topology_defaults(kind: str) -> dict[str, Any]:
-    """The [topology] keys ``kind`` reads, with the value a run uses when the config leaves
-    them out: the schema's default, else (a None default) the topology builder's
-    (``lowband.topology.TOPOLOGIES``). A ring's ``k`` left out is the builder's 1, not the
-    schema's 5 (which is k-regular's; see ``engine.simulator.make_topology``)."""
-    from lowband.topology import TOPOLOGIES
-
-    built = TOPOLOGIES[kind]["params"]
-    out: dict[str, Any] = {}
-    for key in TOPOLOGY_KEYS[kind]:
-        v = TopologyConfig.model_fields[key].get_default(call_default_factory=True)
-        b = built.get("path" if key == "plan_file" else key)
-        out[key] = b if (v is None or (kind == "ring" and key == "k")) else v
-    return out
+#: a ring's ``k`` when the config leaves it out: the ring builder's default
+#: (``lowband.topology.TOPOLOGIES["ring"]``, checked by tests/test_config_layers.py), not
+#: the field default 5, which is k-regular's
+RING_DEFAULT_K = 1
 
 
 class CommConfig(_Strict):
@@ -238,21 +243,19 @@ class LinksConfig(_Strict):
 
     @field_validator("preset")
     @classmethod
-    def _preset(cls, v: str) -> str:
-        from lowband.comm.links import PRESETS
-
-        if v not in PRESETS:
+    def _preset(cls, v: str, info: ValidationInfo) -> str:
+        PRESETS = _fact(info, "link_presets")
+        if PRESETS is not None and v not in PRESETS:
             raise ValueError(f"unknown link preset {v!r}; available: {', '.join(PRESETS)} (lowband list links)")
         return v
 
     @field_validator("nodes")
     @classmethod
-    def _nodes(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
-        from lowband.comm.links import PRESETS
-
+    def _nodes(cls, v: dict[str, list[int]], info: ValidationInfo) -> dict[str, list[int]]:
+        PRESETS = _fact(info, "link_presets")
         seen: set[int] = set()
         for name, ids in v.items():
-            if name not in PRESETS:
+            if PRESETS is not None and name not in PRESETS:
                 raise ValueError(f"unknown link preset {name!r}; available: {', '.join(PRESETS)}")
             for i in ids:
                 if i < 0:
@@ -263,10 +266,10 @@ class LinksConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _profiles(self) -> "LinksConfig":
-        from lowband.comm.links import configured_profiles
-
-        configured_profiles(self)  # raises ValueError naming what is inconsistent (e.g. the contact window)
+    def _profiles(self, info: ValidationInfo) -> "LinksConfig":
+        configured_profiles = _fact(info, "link_profiles")
+        if configured_profiles is not None:
+            configured_profiles(self)  # raises ValueError naming what is inconsistent (e.g. the contact window)
         return self
 
 
@@ -286,10 +289,12 @@ class EvalConfig(_Strict):
     at_round0: bool = True
 
     @model_validator(mode="after")
-    def _target_is_a_fraction(self) -> "EvalConfig":
+    def _target_is_a_fraction(self, info: ValidationInfo) -> "EvalConfig":
         # every algorithm's default main metric is an accuracy; only a loss or spread named
         # in ``main`` may have a target above 1
-        if self.target is not None and self.target > 1 and higher_is_better(self.main):
+        higher_is_better = _fact(info, "higher_is_better")
+        if self.target is not None and self.target > 1 and higher_is_better is not None \
+                and higher_is_better(self.main):
             raise ValueError(f"target: {self.target:g} is not a fraction; the main metric "
                              f"({self.main or 'the algorithm default'}) is an accuracy in [0, 1], write e.g. "
                              f"{min(self.target / 100, 1):g} for {self.target:g}% (a target above 1 is for a loss "
@@ -371,10 +376,9 @@ class Experiment(_Strict):
 
     @field_validator("device")
     @classmethod
-    def _device(cls, v: str) -> str:
-        from lowband.device import check_spec
-
-        return check_spec(v)
+    def _device(cls, v: str, info: ValidationInfo) -> str:
+        check_spec = _fact(info, "device_spec")
+        return check_spec(v) if check_spec is not None else v
 
     @field_validator("out_dir")
     @classmethod
@@ -409,7 +413,7 @@ class Experiment(_Strict):
         the written file would build a 5-ring."""
         d = _drop_none(self.model_dump(mode="json"))
         if self.topology.kind == "ring" and "k" not in self.topology.model_fields_set:
-            d["topology"]["k"] = topology_defaults("ring")["k"]
+            d["topology"]["k"] = RING_DEFAULT_K
         return tomli_w.dumps(d)
 
 
@@ -454,72 +458,6 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(cls, "model_fields", {}).keys())
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse ``section.key=value``; the value is read as a TOML value, else as a string."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected key=value, e.g. algorithm.lr=0.05")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {item!r}: empty key; expected e.g. data.alpha=0.3")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.split("."), value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b=value`` overrides to a raw config dict (copy)."""
-    import copy
-
-    out = copy.deepcopy(raw)
-    for item in overrides:
-        path, value = parse_override(item)
-        node = out
-        for p in path[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
-            node = nxt
-        node[path[-1]] = value
-    return out
-
-
-#: a config is a small text file; anything larger is not one (and is not read whole)
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file into a dict; a missing, unreadable, binary or malformed file is a
-    one-line :class:`ConfigError` naming the file."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"config {p} is a folder; pass the path of a .toml file (see experiments/)")
-    if not p.is_file():
-        what = "not found" if not p.exists() else "not a regular file"
-        raise ConfigError(f"config file {p} {what}; pass the path of a .toml file (see experiments/)")
-    try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {p} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config is a "
-                          f"short TOML text (see experiments/)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {p} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                          f"{exc.start}); a config is a TOML text file (see experiments/)") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
-
-
 def _non_finite(raw: Any, prefix: str = "") -> Optional[tuple[str, float]]:
     """(dotted key, value) of the first non-finite float (inf, nan) in a raw config, else None."""
     import math
@@ -540,16 +478,17 @@ def _non_finite(raw: Any, prefix: str = "") -> Optional[tuple[str, float]]:
     return None
 
 
-def validate(raw: dict[str, Any]) -> Experiment:
-    """Validate a raw dict into an :class:`Experiment`, including algorithm and model options,
-    and refuse a combination that cannot measure what it asks (lowband.engine.checks)."""
+def parse_experiment(raw: dict[str, Any], facts: Optional[Facts] = None) -> Experiment:
+    """A raw config dict as an :class:`Experiment`, or one-line :class:`ConfigError`: the
+    schema's checks only, plus those whose ``facts`` the resolver supplies. The registry
+    checks and the refusals come after, in :func:`lowband.config.resolve.validate`."""
     if not isinstance(raw, dict):
         raise ConfigError(f"a config is a table of keys, got {type(raw).__name__}")
     bad = _non_finite(raw)
     if bad:
         raise ConfigError(f"{bad[0]}: {bad[1]!r} is not a finite number; use a finite value")
     try:
-        exp = Experiment.model_validate(raw)
+        return Experiment.model_validate(raw, context=dict(facts or {}))
     except ValidationError as exc:
         err = exc.errors()[0]
         line = _format_validation_error(exc)
@@ -558,160 +497,3 @@ def validate(raw: dict[str, Any]) -> Experiment:
             if allowed:
                 line += f"; allowed: {', '.join(allowed)}"
         raise ConfigError(line) from None
-    _validate_plugins(exp)
-    _validate_links(exp)
-    from lowband.engine.checks import check_experiment
-
-    check_experiment(exp)
-    return exp
-
-
-def _validate_links(exp: Experiment) -> None:
-    """What ``[links]`` cannot check alone: node ids exist, the deadline's executor."""
-    if exp.links is None:
-        return
-    n = exp.data.num_clients
-    for name, ids in exp.links.nodes.items():
-        bad = [i for i in ids if i >= n]
-        if bad:
-            raise ConfigError(f"links.nodes.{name}: node {bad[0]} does not exist (nodes are 0..{n - 1})")
-    if exp.links.deadline_s is not None and exp.executor == "ray":
-        raise ConfigError("links.deadline_s: drops late replies in the serial round loop only; use executor = "
-                          "\"serial\" or leave links.deadline_s out (times are still written under ray)")
-
-
-def _validate_plugins(exp: Experiment) -> None:
-    from lowband.algorithms import ALGORITHMS
-    from lowband.models import MODELS
-
-    if exp.algorithm.name not in ALGORITHMS:
-        raise ConfigError(
-            f"algorithm.name: unknown algorithm {exp.algorithm.name!r}; available: {', '.join(sorted(ALGORITHMS))}"
-        )
-    hp_cls = ALGORITHMS[exp.algorithm.name].Hyperparams
-    try:
-        hp_cls.model_validate(exp.algorithm.options())
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        line = _format_validation_error(exc, "algorithm.")
-        if err.get("type") == "extra_forbidden":
-            line += f" for {exp.algorithm.name}; allowed: {', '.join(hp_cls.model_fields)}"
-        raise ConfigError(line) from None
-    if exp.model.name not in MODELS:
-        raise ConfigError(f"model.name: unknown model {exp.model.name!r}; available: {', '.join(sorted(MODELS))}")
-    accepted = MODELS[exp.model.name].kwargs
-    for key in exp.model.options():
-        if key not in accepted:
-            raise ConfigError(f"model.{key}: unknown key for {exp.model.name}; allowed: "
-                              + ", ".join(["name", "mix", *accepted]))
-    if exp.model.mix:
-        alg = ALGORITHMS[exp.algorithm.name]
-        if not (alg.supports_mixed_models or alg.family == "local"):
-            ok = sorted(n for n, a in ALGORITHMS.items() if a.supports_mixed_models or a.family == "local")
-            raise ConfigError(f"model.mix: {exp.algorithm.name} needs one architecture for every client "
-                              f"(it exchanges weights); mixed federations work with {', '.join(ok)}")
-        for m in exp.model.mix:
-            if m not in MODELS:
-                raise ConfigError(f"model.mix: unknown model {m!r}; available: {', '.join(sorted(MODELS))}")
-            bad = [k for k in exp.model.options() if k not in MODELS[m].kwargs]
-            if bad:
-                raise ConfigError(f"model.{bad[0]}: not an option of {m} (in model.mix); the options under "
-                                  f"[model] go to every model of the mix")
-        if exp.eval.protocols and "consensus" in exp.eval.protocols:
-            raise ConfigError("eval.protocols: 'consensus' averages weights and needs one architecture; "
-                              "not with model.mix")
-    from lowband.data.sources import DATASETS, _check_options
-
-    if exp.data.dataset not in DATASETS:
-        raise ConfigError(f"data.dataset: unknown dataset {exp.data.dataset!r}; available: {', '.join(DATASETS)}")
-    try:
-        _check_options(exp.data.dataset, exp.data.options)
-    except ValueError as exc:
-        raise ConfigError(f"data.options: {exc}") from None
-    _validate_user_data(exp)
-    from lowband.comm.codecs import parse_codec
-
-    for key, spec in [("comm.codec", exp.comm.codec)] + [
-        (f"comm.by_kind.{k}", v) for k, v in exp.comm.by_kind.items()
-    ] + [(f"comm.by_direction.{k}", v) for k, v in exp.comm.by_direction.items()]:
-        try:
-            parse_codec(spec)
-        except ValueError as exc:
-            raise ConfigError(f"{key}: {exc}") from None
-
-
-def _validate_user_data(exp: Experiment) -> None:
-    """``dataset = "npz"``: check the file's headers (cheap, nothing loaded but the client
-    ids) and resolve the partition: a file with client ids and no ``data.partition`` in the
-    config takes ``partition = "given"`` and ``num_clients`` = its number of clients (written
-    into the resolved config, so a resumed run reads the same)."""
-    d = exp.data
-    if d.dataset not in ("npz", "csv"):
-        if d.path is not None:
-            raise ConfigError(f"data.path: read only with data.dataset = 'npz' or 'csv' (the user's file); dataset "
-                              f"{d.dataset!r} is found under data.data_dir: drop data.path or set dataset = 'npz'")
-        if d.partition == "given":
-            raise ConfigError("data.partition: 'given' takes the client ids of the user's data (dataset = 'npz' "
-                              "with a client array); use 'natural' for a dataset's own clients")
-        return
-    from lowband.data.userdata import NPZ_OPTIONS, client_count, load_arrays
-
-    if not d.path:
-        raise ConfigError(f"data.path: dataset {d.dataset!r} needs data.path, the file holding your data (an .npz "
-                          f"with arrays x and y: numpy.savez('my.npz', x=x, y=y); or a CSV with a y column)")
-    o = {**NPZ_OPTIONS, **d.options}
-    if o["num_classes"] != 0 and o["num_classes"] < 2:
-        raise ConfigError(f"data.options.num_classes: 0 (max(y) + 1) or a count >= 2, got {o['num_classes']}")
-    if not o["max_gb"] > 0:
-        raise ConfigError(f"data.options.max_gb: the most memory (GB) the arrays may need, > 0; got {o['max_gb']}")
-    if not 0 < o["test_fraction"] < 1:
-        raise ConfigError(f"data.options.test_fraction: the share of the rows held out as the global test set when "
-                          f"the data has no x_test/y_test, in (0, 1); got {o['test_fraction']}")
-    max_gb = float(o["max_gb"])
-    clients = client_count(d.path, max_gb, d.dataset)
-    if "test_fraction" in d.options and d.dataset == "npz":
-        from lowband.data.userdata import MEMORY_PREFIX, inspect_npz
-
-        has_test = (load_arrays(d.path).x_test is not None if d.path.startswith(MEMORY_PREFIX)
-                    else "x_test" in inspect_npz(Path(d.path).expanduser(), max_gb))
-        if has_test:
-            raise ConfigError(f"data.options.test_fraction: {d.path} has x_test/y_test, the global test set, so "
-                              f"nothing is carved out of x; drop test_fraction")
-    if clients is None:
-        if d.partition == "given":
-            raise ConfigError(f"data.partition: 'given' needs client ids in {d.path} (an array named client, one "
-                              f"int per row of x); or choose iid, dirichlet, shards or ntk_fl")
-        return
-    if "partition" not in d.model_fields_set:
-        d.partition = "given"
-    if d.partition == "given":
-        if "num_clients" not in d.model_fields_set:
-            d.num_clients = clients
-        elif d.num_clients != clients:
-            raise ConfigError(f"data.num_clients: {d.path} gives {clients} distinct client ids and num_clients is "
-                              f"{d.num_clients}; drop num_clients (it follows the file) or set it to {clients}")
-
-
-def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:
-    """Load a TOML file (or the defaults when ``path`` is None), apply overrides, validate.
-
-    A file must say which algorithm to run (``[algorithm] name``, in the file or an
-    override): an empty or partial file would otherwise run the default experiment
-    without a word."""
-    raw = load_toml(path) if path is not None else {}
-    raw = apply_overrides(raw, overrides or [])
-    if path is not None:
-        alg = raw.get("algorithm")
-        if alg is None or (isinstance(alg, dict) and "name" not in alg):
-            what = "is empty" if not raw else "sets no algorithm.name"
-            raise ConfigError(f"config {path} {what}: say which algorithm to run, e.g. [algorithm] name = "
-                              f"\"fedavg\" or the override algorithm.name=fedavg (lowband list algorithms); "
-                              f"`lowband demo` runs a ready-made comparison")
-    return validate(raw)
-
-
-def hyperparams(exp: Experiment) -> BaseModel:
-    """The validated hyperparameter object of the experiment's algorithm."""
-    from lowband.algorithms import ALGORITHMS
-
-    return ALGORITHMS[exp.algorithm.name].Hyperparams.model_validate(exp.algorithm.options())

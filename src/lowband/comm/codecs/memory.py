@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .codecs import (
+from .core import (
     AuxReader,
     Codec,
     HeaderSpecs,

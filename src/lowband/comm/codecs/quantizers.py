@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .codecs import (
+from .core import (
     AuxReader,
     HeaderSpecs,
     LeafSpec,
