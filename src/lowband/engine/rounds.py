@@ -89,7 +89,7 @@ from lowband.faults import NO_FAULTS, RoundFaults
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 
-__all__ = ["Place", "RoundLoop", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
+__all__ = ["Place", "RoundLoop", "ExecutorBackend", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
 
 # a message in flight: ((src, item index), receivers on the destination place, wire bytes
 # or a backend's handle of them (None: refused at the sender), stand-in tensors or None, kind)
@@ -439,6 +439,36 @@ class LocalPlace:
         self.place.apply_acks(codecs, seed, policy, acks)
 
 
+class ExecutorBackend:
+    """The driver's backend over an executor (serial, worker pool, Ray): the nodes' states
+    live in ``executor``, each step runs on its places (:class:`LocalPlace` for a serial
+    executor, the sharded executor itself otherwise), ``evaluator`` measures the protocols.
+
+    What the driver asks of any backend (a Flower backend supplies the same:
+    :mod:`lowband.flower.adapter`): ``places`` (what :class:`RoundLoop` plays a step on),
+    ``init_states(plan)``, ``evaluate(round, plan)`` (the protocols' metrics),
+    ``map_nodes(fn, nodes, round, plan)`` (``None`` for a node it does not hold) and
+    ``close()`` at the end of a run."""
+
+    def __init__(self, executor: Any, network: Network, evaluator: Any = None, close_at_end: bool = False):
+        self.executor, self.evaluator = executor, evaluator
+        self.places: Backend = LocalPlace(executor, network) if isinstance(executor, SerialExecutor) else executor
+        self._close = close_at_end
+
+    def init_states(self, plan: Optional[RoundPlan]) -> None:
+        self.executor.init_states(plan)
+
+    def evaluate(self, round: int, plan: RoundPlan) -> dict[str, Any]:
+        return self.evaluator(round, plan)
+
+    def map_nodes(self, fn: Callable, nodes: Iterable[int], round: int, plan: RoundPlan) -> dict[int, Any]:
+        return self.executor.map_nodes(fn, nodes, round, plan)
+
+    def close(self) -> None:
+        if self._close:  # worker processes end with the run (their states stay readable)
+            self.executor.close()
+
+
 class RoundLoop:
     """Plays a round's steps on a backend's places; counts, collects, times (see the
     module docstring). ``network``: the run's codecs, seed, validation policy and ledger."""
@@ -448,10 +478,13 @@ class RoundLoop:
 
     def play(self, steps: Sequence[Step], round: int, plan: RoundPlan, faults: RoundFaults = NO_FAULTS,
              clock: Any = None) -> list[tuple[int, int]]:
-        """Run ``steps``; append the ledger records, the receivers' refusals
+        """Run ``steps`` (without ``faults``' dropped nodes among their actors); append the
+        ledger records, the receivers' refusals
         (``network.rejections``); return the divergences ``(round, node)``. A backend with
         ``begin_round(steps, round, plan)`` / ``end_round()`` (a sharded one) may place
         the round's actors for balance before the steps and bring them home after."""
+        if faults.dropped:  # offline nodes neither compute nor send (lowband.faults)
+            steps = [Step(s.name, faults.actors(s.actors), s.fn) for s in steps]
         begin, end = getattr(self.backend, "begin_round", None), getattr(self.backend, "end_round", None)
         if begin is not None:
             begin(steps, round, plan)
