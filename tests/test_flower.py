@@ -215,6 +215,24 @@ RUN_FILES = ("metrics.jsonl", "ledger.csv", "summary.json")
 CASES = [("fedavg", {}), ("fedcspack", {"pack": 64}), ("scaffold", {}), ("fedavg", {"codec": "int8"})]
 
 
+def test_flower_run_with_faults_equals_lowband_run(tmp_path: Path, task_identity) -> None:
+    """``[faults]`` drive a Flower run as they drive `lowband run`: dropped clients are not
+    asked, late ones' replies cross the link (counted) and are not delivered."""
+    for name in ("lowband", "flower"):
+        cfg = _cnn_config(tmp_path, name, "fedavg")
+        cfg["topology"]["count"] = 5
+        cfg["faults"] = {"dropout": 0.3, "straggler": 0.4, "deadline": 1.5}
+        exp = validate(cfg)
+        if name == "lowband":
+            Simulation(exp).run()
+        else:
+            FlowerRun(exp, InProcessGrid(client_app(exp), 6)).run()
+    lines = [json.loads(x) for x in (tmp_path / "lowband" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["faults/dropped"] for m in lines) > 0 and sum(m["faults/late"] for m in lines) > 0
+    for name in RUN_FILES:
+        assert (tmp_path / "flower" / name).read_text() == (tmp_path / "lowband" / name).read_text(), name
+
+
 def _same_run_files(tmp_path: Path, algorithm: str, over: dict, vectorize: str) -> None:
     ref = Simulation(validate(_cnn_config(tmp_path, "lowband", algorithm, vectorize, **dict(over)))).run()
     exp = validate(_cnn_config(tmp_path, "flower", algorithm, vectorize, **dict(over)))

@@ -398,10 +398,10 @@ class Simulation:
         self._log = RunLog.open(exp, resume=self.resume) if self.write else None
         run = Run(self, self._log, self.observers, self.counters)
         self._notify("on_run_start", run)  # a resume restores the run here (observers.checkpoint.Resume)
-        plan0 = self.topology.plan(0) if self.num_nodes else None
         if run.start == 0:
-            self.backend.init_states(plan0)
+            self.backend.init_states(self.topology.plan(0) if self.num_nodes else None)
             if exp.eval.at_round0:
+                plan0 = self.topology.plan(0)
                 self._record(run, Round(0, plan0, plan0))
         for r in range(run.start + 1, exp.rounds + 1):
             self._round(run, r)

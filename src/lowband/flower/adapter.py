@@ -74,7 +74,8 @@ from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
 )
 from lowband.comm.validate import Rejection
-from lowband.engine.rounds import Record, send
+from lowband.engine.observers import Faults
+from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
 from lowband.flower.guard import (
     MAX_MESSAGES, UPLOAD_KINDS, MissingMeta, Rejected, ReplyBudget, StrictMeta, budget_for, check_eval, check_tensors,
@@ -158,7 +159,7 @@ def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> 
     algorithm's own steps of that round with ``node`` among its actors, running the
     method it names. Nothing else is callable (a server cannot make a client run
     ``server_aggregate`` or any other attribute of the algorithm)."""
-    steps = sim.alg.steps(r, sim.topology.plan(r - 1))
+    steps = sim.alg.steps(r, _played_plan(sim, r))
     found = [s for s in steps if s.name == name]
     if not found:
         raise ValueError(f"refused: {sim.alg.name} has no step {str(name)[:40]!r} in round {r} "
@@ -170,6 +171,14 @@ def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> 
     if method != expected:
         raise ValueError(f"refused: step {step.name!r} runs {expected!r}, not {str(method)[:40]!r}")
     return step
+
+
+def _played_plan(sim: Simulation, r: int) -> Any:
+    """Round ``r``'s plan as the ServerApp's driver plays it: without the nodes ``[faults]``
+    drop in that round (a function of (seed, round, node), the same on every side)."""
+    plan = sim.topology.plan(r - 1)
+    faults = sim.observer(Faults)
+    return faults.model.round(r).apply(plan) if faults is not None else plan
 
 
 def _method_name(sim: Simulation, step: Step) -> str:
@@ -265,7 +274,7 @@ class _Client:
         sim, node = self.sim, self.node
         r = checked_round(cfg.get("round"), 1, self.exp.rounds)
         step = _client_step(sim, node, r, cfg.get("step"), cfg.get("fn"))
-        plan = sim.topology.plan(r - 1)
+        plan = _played_plan(sim, r)
         inbox = self._inbox(cfg)
         ex = sim.executor
         ex.states = {node: self.load_state()}
@@ -506,7 +515,7 @@ class FlowerBackend:
 
     # -- one step (the round loop's backend protocol: lowband.engine.rounds.Backend) --------------
     def step_places(self, step: Step, round: int, plan: Any, codecs: Any, seed: int, policy: Any, faults: Any,
-                    late: Any, first: bool, last: bool, acks: list) -> list[tuple]:
+                    late: Any, first: bool, last: bool, acks: list) -> list[Summary]:
         """Deliver the previous step's messages, run ``step`` (the server's part here, the
         clients' on their SuperNodes), encode and route what it sent. Returns the one
         place's ``(records, refusals, divergences, acks)`` (see :func:`lowband.engine.rounds.send`)."""
@@ -525,7 +534,7 @@ class FlowerBackend:
         for c in sorted(replies):
             records += self._take_reply(c, replies[c], r, faults, late)
         self._screen(r)
-        return [(records, self._refusals, [], [])]
+        return [Summary(records, self._refusals, [], [])]
 
     def apply_acks(self, codecs: Any, seed: int, policy: Any, acks: list) -> None:
         """(Stateless codecs only: the adapter refuses EF21 and other sender state.)"""
