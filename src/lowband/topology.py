@@ -194,6 +194,9 @@ class Topology(ABC):
     def describe(self) -> str:
         """One line saying what this topology is, for logs and ``lowband list``."""
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.describe()}>"
+
 
 def same_graph(base: RoundPlan, round: int) -> RoundPlan:
     """``base``'s participants and graph as round ``round``'s plan (a graph that does not change)."""
@@ -217,9 +220,6 @@ class DrawnGraph(Topology):
     @abstractmethod
     def _draw(self, round: int) -> RoundPlan:
         """Round ``round``'s graph."""
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__}: {self.describe()}>"
 
 
 # --------------------------------------------------------------------------- star

@@ -38,7 +38,8 @@ class Counters(Observer):
             per[key] = per.get(key, 0) + int(n)
 
     def record(self, since: int, upto: int) -> dict[str, int]:
-        """The counts of rounds ``since < r <= upto``: declared keys and nonzero sums, sorted."""
+        """The counts of rounds ``since < r <= upto`` (round 0: the evaluation before
+        training): declared keys and nonzero sums, sorted."""
         rec: dict[str, int] = dict.fromkeys(self.declared, 0)
         for r in range(since + 1, upto + 1):
             for k, v in self.by_round.get(r, {}).items():
@@ -47,11 +48,12 @@ class Counters(Observer):
 
     # -- hooks ------------------------------------------------------------------------------
     def on_eval(self, run: Run, rnd: Round, rec: dict[str, Any]) -> None:
-        rec.update(self.record(run.metrics[-1]["round"] if run.metrics else 0, rnd.number))
+        # the first record holds round 0's counts too (refused replies to the round-0 evaluation)
+        rec.update(self.record(run.metrics[-1]["round"] if run.metrics else -1, rnd.number))
 
     def on_run_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self.by_round:
-            summary["incidents"] = self.record(0, run.exp.rounds)
+            summary["incidents"] = self.record(-1, run.exp.rounds)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"incidents": {str(k): v for k, v in self.by_round.items()}} if self.by_round else {}
