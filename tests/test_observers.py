@@ -134,3 +134,13 @@ def test_driver_complexity_is_small() -> None:
     for name in ("Simulation.__init__", "Simulation._run", "Simulation._round", "Simulation._record",
                  "Simulation.run"):
         assert blocks[name] < 15, (name, blocks[name])
+
+
+def test_the_python_api_takes_observers(tmp_path: Path) -> None:
+    import lowband as lb
+
+    rec = Recorder()
+    res = lb.run(digits_config(tmp_path, rounds=1), write=False, observers=[rec])
+    assert [c for c, _ in rec.calls] == ["on_run_start", "on_eval", "on_record", "on_round_start", "on_deliver",
+                                         "on_eval", "on_record", "on_round_end", "on_run_end"]
+    assert res.metrics[-1]["test/steps"] == 3

@@ -645,8 +645,8 @@ class FlowerBackend:
         return rec
 
     def _evaluate_clients(self, r: int, on_clients: list[str]) -> dict[str, Any]:
+        """``personal`` / ``node_global`` from an ``evaluate`` message to every client."""
         sim, ex, alg = self.sim, self.sim.executor, self.sim.alg
-        rec: dict[str, Any] = {}
         base: dict[str, Any] = {"round": r, "protocols": on_clients}
         if "personal" in on_clients and not alg.personalized and alg.has_server:
             wire = _wire_params(alg.server_params(ex.states[SERVER]))
@@ -661,14 +661,18 @@ class FlowerBackend:
                 res.append(check_eval(got, on_clients, self.n_test[c]))
             except Rejected as e:
                 self._reject(e.reason, c, r, e.detail, into)
-        # the aggregation of lowband.engine.evaluation, on the same per-node numbers
-        if "personal" in on_clients and res:
-            rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
-                                        [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
-        if "node_global" in on_clients and res:
-            rec.update(node_global_summary([m["node_global/acc"] for m in res],
-                                           [m["node_global/loss"] for m in res]))
-        return rec
+        return _client_summaries(on_clients, res) if res else {}
+
+
+def _client_summaries(on_clients: list[str], res: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregation of :mod:`lowband.engine.evaluation`, on the clients' per-node numbers."""
+    rec: dict[str, Any] = {}
+    if "personal" in on_clients:
+        rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
+                                    [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
+    if "node_global" in on_clients:
+        rec.update(node_global_summary([m["node_global/acc"] for m in res], [m["node_global/loss"] for m in res]))
+    return rec
 
 
 class FlowerRun:
