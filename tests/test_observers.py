@@ -88,8 +88,9 @@ def test_an_observer_from_outside_sees_every_hook_in_order(tmp_path: Path) -> No
 
 
 def test_observer_hooks_and_state_on_resume(tmp_path: Path) -> None:
-    """Killed after round 2 of 4 (eval every 2 rounds): the resumed run restores the
-    observer's checkpoint entry, starts at round 3 and writes what an unbroken run writes."""
+    """A run stopped after round 2 (its checkpoint), resumed to round 4 (eval every 2
+    rounds): the observer's checkpoint entry is restored, the resumed run starts at round 3
+    and writes what an unbroken 4-round run writes."""
     cfg = {**digits_config(tmp_path, rounds=4), "eval": {"every": 2}}
     whole = Simulation(validate({**cfg, "out_dir": str(tmp_path / "whole")}), observers=[Recorder()]).run()
     first = Recorder()
