@@ -143,18 +143,19 @@ def test_flower_simulation_fedavg_matches_lowband(tmp_path: Path, monkeypatch) -
 
 
 def test_a_flower_run_that_unlearns_warns(tmp_path: Path, task_identity, monkeypatch) -> None:
-    """The ServerApp keeps its own metrics loop; it warns as `lowband run` does when the
-    main accuracy falls from what the run reached and stays there (checks.DecayWatch)."""
+    """A Flower run is played by lowband's driver, so its watches are lowband's: it warns
+    as `lowband run` does when the main accuracy falls from what the run reached and
+    stays there (checks.DecayWatch)."""
     import warnings
 
     from lowband.engine.checks import LowbandWarning
 
-    orig = FlowerRun.evaluate
+    orig = Simulation._evaluate
 
     def unlearning(self, r, plan):  # the real metrics, the main accuracy forced down from round 8
         rec = orig(self, r, plan)
         if r >= 8:
-            rec[self.sim.main_metric] = 0.0
+            rec[self.main_metric] = 0.0
         return rec
 
     exp = validate(_config(tmp_path, "fedavg", "flower", rounds=12))
@@ -162,14 +163,14 @@ def test_a_flower_run_that_unlearns_warns(tmp_path: Path, task_identity, monkeyp
         warnings.simplefilter("always")
         FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
     assert not [w for w in caught if "unlearning" in str(w.message)]
-    monkeypatch.setattr(FlowerRun, "evaluate", unlearning)
+    monkeypatch.setattr(Simulation, "_evaluate", unlearning)
     exp = validate(_config(tmp_path, "fedavg", "bad", rounds=12))
     with pytest.warns(LowbandWarning, match=r"round 11: \S+ has fallen from what the run reached"):  # 4 of 7
         FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
 
 
 def test_a_flower_run_that_learns_nothing_warns_and_records_it(tmp_path: Path, task_identity) -> None:
-    """The ServerApp's loop watches for a main accuracy that never leaves chance too
+    """The driver watches for a main accuracy that never leaves chance too
     (checks.ChanceWatch), and its summary.json records it: FedAvg at lr = 1e-9."""
     import json
     import warnings
@@ -181,3 +182,77 @@ def test_a_flower_run_that_learns_nothing_warns_and_records_it(tmp_path: Path, t
     assert [w for w in caught if "has never been above chance" in str(w.message)]
     summary = json.loads((exp.run_dir() / "summary.json").read_text())
     assert summary["learned_nothing"]["chance"] == 0.1 and summary["num_classes"] == 10
+
+
+# --------------------------------------------------------------------------- one driver, two transports
+
+
+def _cnn_config(root: Path, name: str, algorithm: str, vectorize: str = "off", **alg: object) -> dict:
+    """A small `cnn_fmnist` federation: the FedCSPACK paper's FMNIST CNN on 16x16 random
+    images (an npz user dataset), 6 clients, 3 a round, 2 rounds."""
+    import numpy as np
+
+    path = root / "img.npz"
+    if not path.exists():
+        g = np.random.default_rng(0)
+        np.savez(path, x=g.standard_normal((180, 1, 16, 16)).astype(np.float32),
+                 y=g.integers(0, 4, 180).astype(np.int64))
+    codec = alg.pop("codec", None)
+    cfg = {"name": f"eq-{algorithm}", "seed": 2, "rounds": 2, "threads": 1, "out_dir": str(root / name),
+           "data": {"dataset": "npz", "path": str(path), "num_clients": 6, "partition": "dirichlet", "alpha": 0.5,
+                    "split": [0.75, 0.0, 0.25]},
+           "model": {"name": "cnn_fmnist"},
+           "algorithm": {"name": algorithm, "local_epochs": 1, "batch_size": 8, "lr": 0.05, **alg},
+           "topology": {"kind": "star", "sampling": "count", "count": 3},
+           "eval": {"protocols": ["global", "personal"]},
+           "engine": {"vectorize": vectorize}}
+    if codec:
+        cfg["comm"] = {"codec": codec}
+    return cfg
+
+
+RUN_FILES = ("metrics.jsonl", "ledger.csv", "summary.json")
+CASES = [("fedavg", {}), ("fedcspack", {"pack": 64}), ("scaffold", {}), ("fedavg", {"codec": "int8"})]
+
+
+def test_flower_run_with_faults_equals_lowband_run(tmp_path: Path, task_identity) -> None:
+    """``[faults]`` drive a Flower run as they drive `lowband run`: dropped clients are not
+    asked, late ones' replies cross the link (counted) and are not delivered."""
+    for name in ("lowband", "flower"):
+        cfg = _cnn_config(tmp_path, name, "fedavg")
+        cfg["topology"]["count"] = 5
+        cfg["faults"] = {"dropout": 0.3, "straggler": 0.4, "deadline": 1.5}
+        exp = validate(cfg)
+        if name == "lowband":
+            Simulation(exp).run()
+        else:
+            FlowerRun(exp, InProcessGrid(client_app(exp), 6)).run()
+    lines = [json.loads(x) for x in (tmp_path / "lowband" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["faults/dropped"] for m in lines) > 0 and sum(m["faults/late"] for m in lines) > 0
+    for name in RUN_FILES:
+        assert (tmp_path / "flower" / name).read_text() == (tmp_path / "lowband" / name).read_text(), name
+
+
+def _same_run_files(tmp_path: Path, algorithm: str, over: dict, vectorize: str) -> None:
+    ref = Simulation(validate(_cnn_config(tmp_path, "lowband", algorithm, vectorize, **dict(over)))).run()
+    exp = validate(_cnn_config(tmp_path, "flower", algorithm, vectorize, **dict(over)))
+    grid = InProcessGrid(client_app(exp), 6)
+    FlowerRun(exp, grid).run()
+    assert grid.sent > 0
+    for name in RUN_FILES:
+        assert (tmp_path / "flower" / name).read_text() == (Path(ref.run_dir) / name).read_text(), name
+
+
+@pytest.mark.parametrize("algorithm,over", CASES, ids=["fedavg", "fedcspack", "scaffold", "fedavg-int8"])
+def test_flower_run_folder_equals_lowband_run(tmp_path: Path, algorithm: str, over: dict, task_identity) -> None:
+    """metrics.jsonl, ledger.csv and summary.json of a Flower run are those of `lowband run`
+    of the same config, byte for byte (one driver; Flower only moves the messages)."""
+    _same_run_files(tmp_path, algorithm, over, "off")
+
+
+@pytest.mark.xfail(strict=False, reason="a node's update depends on who shares its vectorised cohort "
+                                        "(engine/cohort_cnn.py); a Flower client trains alone")
+@pytest.mark.parametrize("algorithm,over", CASES, ids=["fedavg", "fedcspack", "scaffold", "fedavg-int8"])
+def test_flower_run_folder_equals_lowband_run_default_vectorize(tmp_path: Path, algorithm: str, over: dict,
+                                                                task_identity) -> None:
+    _same_run_files(tmp_path, algorithm, over, "auto")

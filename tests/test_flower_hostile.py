@@ -252,7 +252,8 @@ def test_client_errors_are_counted_until_every_client_fails(tmp_path: Path, task
     run = FlowerRun(exp, HostileGrid(client_app(exp), 10, {3: fail}))
     run.run()
     # evaluate at round 0, train, evaluate at round 1 (the records hold them per round)
-    assert {**run.rejected_total, **run.rejected} == {"error": 3}
+    assert _rejected(_records(tmp_path / "one-error")) == {"rejected/error": 3}
+    assert run.sim.counters.record(-1, 1) == {"rejected/error": 3}  # rounds 0 and 1
     exp = validate(_cfg(tmp_path, "all-errors", rounds=1))
     with pytest.raises(RuntimeError, match="every client that replied to 'evaluate' failed; client 0: boom"):
         FlowerRun(exp, HostileGrid(client_app(exp), 10, {c: fail for c in range(10)})).run()
@@ -288,7 +289,7 @@ def test_every_server_algorithm_passes_validation(tmp_path: Path, task_identity)
         exp = validate(cfg)
         run = FlowerRun(exp, InProcessGrid(client_app(exp), 10))
         run.run()
-        assert run.rejected == {}, (name, run.rejected)
+        assert run.sim.counters.by_round == {}, (name, run.sim.counters.by_round)
         assert (tmp_path / name / "flower" / "metrics.jsonl").read_text() == ref, name
 
 

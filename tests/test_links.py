@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import digits_config
+from lowband.engine.observers import LinkClock
 from lowband.cli import main
 from lowband.comm.ledger import Ledger
 from lowband.comm.links import (PRESETS, Direction, LinkModel, LinkProfile, LinkTimer, compute_seconds, frames,
@@ -309,7 +310,7 @@ def test_fedavg_digits_over_lorawan_sf12_time_follows_the_ledger(tmp_path: Path)
     sims = [r["time/sim_s"] for r in recs]
     assert sims[0] == 0.0 and all(b > a for a, b in zip(sims, sims[1:]))
     cols = sim.ledger.columns()
-    comp = sim.timer.model.compute_s
+    comp = _timer(sim).model.compute_s
     total = 0.0
     for r in range(1, 5):
         m = cols["round"] == r
@@ -340,8 +341,8 @@ def test_deadline_drops_replies_the_link_cannot_carry(tmp_path: Path) -> None:
     lora = sim.run().metrics
     assert [r["links/late"] for r in lora] == [0, 4, 4]
     for r in (1, 2):  # the clock fed while routing and the replay of the ledger agree
-        replay = replay_round(sim.timer.model, sim.ledger, r, sim.timer.elapsed(r - 1))
-        assert replay.late == 4 and replay.round_s == sim.timer.round_s(r) == 3600.0
+        replay = replay_round(_timer(sim).model, sim.ledger, r, _timer(sim).elapsed(r - 1))
+        assert replay.late == 4 and replay.round_s == _timer(sim).round_s(r) == 3600.0
     assert lora[1]["global/acc"] == lora[0]["global/acc"] == lora[2]["global/acc"]
     assert [r["time/round_s"] for r in lora[1:]] == [3600.0, 3600.0]
     assert lora[2]["bytes/up"] > 0  # sent, counted, not delivered
@@ -384,7 +385,7 @@ def test_per_node_presets_and_resume(tmp_path: Path) -> None:
     assert _strip_time(sa) == _strip_time(full)
     assert [r["time/sim_s"] for r in sa] != [r["time/sim_s"] for r in full]
     sim = Simulation(validate(cfg(tmp_path / "x")))
-    model = sim.timer.model
+    model = _timer(sim).model
     assert model.profile(0).name == "wifi" and model.profile(5).name == "nbiot"
     assert model.profile(5).up.loss == 0.1 and model.profile(0).up.loss == 0.0  # overrides: the default preset
     assert math.isfinite(full[-1]["time/sim_s"]) and full[-1]["time/sim_s"] > 0
@@ -403,7 +404,7 @@ def test_peer_run_is_timed_per_edge(tmp_path: Path) -> None:
         m = cols["round"] == r
         ends = []
         for node in sorted(set(cols["src"][m].tolist())):
-            t = sim.timer.model.compute(node)
+            t = _timer(sim).model.compute(node)
             assert t > 0.25  # the fixed part plus the FLOP estimate
             for n in cols["encoded"][m & (cols["src"] == node)].tolist():
                 tx = transmit(up, n, start=t)
@@ -513,3 +514,8 @@ def test_compare_plots_against_simulated_time(tmp_path: Path) -> None:
     assert _x(last, "time/sim_s") is None and _x({"time/sim_s": 3}, "time/sim_s") == 3.0
     _, plain = compare([tmp_path / "plain" / "run-fedavg"], tmp_path / "cmp2")
     assert [p.name for p in plain] == ["accuracy_vs_round.png", "accuracy_vs_bytes.png"]
+
+
+def _timer(sim):
+    """The run's link timer (the [links] observer's)."""
+    return sim.observer(LinkClock).timer

@@ -465,13 +465,14 @@ class SweepResult:
 
 
 def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = True, resume: bool = False,
-        progress: bool = False, **options: Any) -> Result:
+        progress: bool = False, observers: Sequence[Any] = (), **options: Any) -> Result:
     """Run an experiment and return its :class:`Result`.
 
     ``exp``: anything :func:`experiment` takes (options are applied the same way).
     ``write=False`` runs in memory and writes nothing; otherwise the run goes to ``out``
     (default: the config's ``out_dir``, else ``runs/<name>``), which must not already
     hold results unless ``resume=True`` continues them. ``progress`` draws a bar.
+    ``observers``: :class:`lowband.engine.observers.Observer` s of the run (docs/engine.md).
     """
     from lowband.engine.simulator import Simulation
 
@@ -494,10 +495,10 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
         RunLog.check(e, resume=resume)
         with config_errors("data"):
             fed = make_federation(e_mem)
-        sim = Simulation(e, resume=resume, write=write, federation=fed)
+        sim = Simulation(e, resume=resume, write=write, federation=fed, observers=observers)
         _write_arrays(data, target)  # type: ignore[arg-type]
     else:
-        sim = Simulation(e, resume=resume, write=write)
+        sim = Simulation(e, resume=resume, write=write, observers=observers)
     bar = None
     if progress:
         from lowband.console import RunProgress

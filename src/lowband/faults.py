@@ -1,8 +1,10 @@
 """Faults as a feature: client dropout and stragglers with a round deadline (``[faults]``).
 
-One place for every algorithm: the simulator asks :meth:`FaultModel.round` for round
-``r``'s :class:`RoundFaults` and applies it to the round's plan, to its steps and to
-delivery, never inside an algorithm:
+One place for every algorithm: the run's faults observer
+(:class:`lowband.engine.observers.Faults`) asks :meth:`FaultModel.round` for round ``r``'s
+:class:`RoundFaults`, narrows the round's plan with it and hands it to the round loop,
+which leaves the dropped nodes out of every step and out of delivery; never inside an
+algorithm:
 
 - **Dropout.** A dropped node is offline for the whole round: it is removed from the
   round's plan (from the sampled clients of a star, from the peer graph and the contacts

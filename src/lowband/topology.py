@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -196,6 +196,30 @@ class Topology(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.describe()}>"
+
+
+def same_graph(base: RoundPlan, round: int) -> RoundPlan:
+    """``base``'s participants and graph as round ``round``'s plan (a graph that does not change)."""
+    return RoundPlan(round, base.participants, base.neighbors)
+
+
+class DrawnGraph(Topology):
+    """A peer graph drawn by :meth:`_draw` from round ``r``'s generator; with
+    ``time_varying=False`` round 0's graph every round, drawn once and kept."""
+
+    time_varying: bool
+    _static: Optional[RoundPlan] = None
+
+    def _plan(self, round: int) -> RoundPlan:
+        if self.time_varying:
+            return self._draw(round)
+        if self._static is None:
+            self._static = self._draw(0)
+        return same_graph(self._static, round)
+
+    @abstractmethod
+    def _draw(self, round: int) -> RoundPlan:
+        """Round ``round``'s graph."""
 
 
 # --------------------------------------------------------------------------- star
@@ -368,7 +392,7 @@ def _try_regular_pairing(n: int, k: int, rng: np.random.Generator) -> set[Pair] 
     return None
 
 
-class KRegular(Topology):
+class KRegular(DrawnGraph):
     """A random simple ``k``-regular graph on ``n`` nodes, fresh every round by default.
 
     Every node has exactly ``k`` distinct neighbours, no self loops, no multi-edges; the
@@ -389,14 +413,6 @@ class KRegular(Topology):
             )
         self.time_varying = _check_bool("KRegular", "time_varying", time_varying)
         self.seed = _check_int("KRegular", "seed", seed, 0)
-        self._static: RoundPlan | None = None
-
-    def _plan(self, round: int) -> RoundPlan:
-        if not self.time_varying:
-            if self._static is None:
-                self._static = self._draw(0)
-            return RoundPlan(round, self._static.participants, self._static.neighbors)
-        return self._draw(round)
 
     def _draw(self, round: int) -> RoundPlan:
         rng = np_gen(self.seed, "topology", round)
@@ -427,7 +443,7 @@ class Ring(Topology):
         self._base = _plan_from_edges(0, self.num_nodes, self._edges)
 
     def _plan(self, round: int) -> RoundPlan:
-        return RoundPlan(round, self._base.participants, self._base.neighbors)
+        return same_graph(self._base, round)
 
     def describe(self) -> str:
         return f"peer: ring of {self.num_nodes} nodes, {self.k} neighbour(s) on each side"
@@ -444,13 +460,13 @@ class Complete(Topology):
         self._base = _plan_from_edges(0, self.num_nodes, np.stack([a, b], axis=1))
 
     def _plan(self, round: int) -> RoundPlan:
-        return RoundPlan(round, self._base.participants, self._base.neighbors)
+        return same_graph(self._base, round)
 
     def describe(self) -> str:
         return f"peer: complete graph on {self.num_nodes} nodes"
 
 
-class ErdosRenyi(Topology):
+class ErdosRenyi(DrawnGraph):
     """G(n, p): each of the ``n(n-1)/2`` possible edges present independently with prob. ``p``.
 
     Fresh every round from ``np_gen(seed, "topology", r)``, or round 0's graph every round
@@ -464,14 +480,6 @@ class ErdosRenyi(Topology):
         self.p = _check_prob("ErdosRenyi", "p", p, open_low=False)
         self.time_varying = _check_bool("ErdosRenyi", "time_varying", time_varying)
         self.seed = _check_int("ErdosRenyi", "seed", seed, 0)
-        self._static: RoundPlan | None = None
-
-    def _plan(self, round: int) -> RoundPlan:
-        if not self.time_varying:
-            if self._static is None:
-                self._static = self._draw(0)
-            return RoundPlan(round, self._static.participants, self._static.neighbors)
-        return self._draw(round)
 
     def _draw(self, round: int) -> RoundPlan:
         rng = np_gen(self.seed, "topology", round)

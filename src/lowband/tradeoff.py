@@ -482,7 +482,9 @@ def retime_run(run_dir: str | Path, presets: Sequence[str], data_dir: Optional[s
     with tempfile.TemporaryDirectory() as tmp:
         raw["out_dir"] = str(Path(tmp) / "run")
         sim = Simulation(validate(raw))  # builds the federation and the compute times; trains nothing
-        base = sim.timer.model  # type: ignore[union-attr]
+        from lowband.engine.observers import LinkClock
+
+        base = sim.observer(LinkClock).timer.model
     out: dict[str, list[dict[str, float]]] = {}
     for name in presets:
         model = lk.LinkModel(lk.PRESETS[name], {}, list(base.compute_s), None, base.retransmissions, base.seed)

@@ -75,7 +75,7 @@ import dataclasses
 import functools
 import inspect
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
@@ -89,15 +89,43 @@ from lowband.faults import NO_FAULTS, RoundFaults
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan
 
-__all__ = ["Place", "RoundLoop", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
+__all__ = ["Place", "RoundLoop", "ExecutorBackend", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
 
-# a message in flight: ((src, item index), receivers on the destination place, wire bytes
-# or a backend's handle of them (None: refused at the sender), stand-in tensors or None, kind)
-Item = tuple[tuple[int, int], tuple[int, ...], Any, Optional[dict[str, torch.Tensor]], str]
-# a ledger record: (src, item index, receivers, direction, kind, encoded bytes, declared bytes)
-Record = tuple[int, int, tuple[int, ...], str, str, int, int]
-# what one place reports of one step: (records, refusals, divergences (round, node), EF21 acks)
-Summary = tuple[list[Record], list[Rejection], list[tuple[int, int]], list[Ack]]
+class Item(NamedTuple):
+    """A message in flight to one place."""
+
+    #: (sender, index of the entry in the sender's outbox): the serial delivery order
+    key: tuple[int, int]
+    #: its receivers on the destination place
+    dsts: tuple[int, ...]
+    #: the wire bytes, or a backend's handle of them (Ray's object store); None: refused at the sender
+    data: Any
+    #: stand-in tensors (declared, not encoded: design rule 2), or None
+    stand_in: Optional[dict[str, torch.Tensor]]
+    kind: str
+
+
+class Record(NamedTuple):
+    """One ledger record of a step (a broadcast: one record for all its receivers)."""
+
+    src: int
+    index: int
+    dsts: tuple[int, ...]
+    direction: str
+    kind: str
+    nbytes: int  # encoded bytes
+    declared: int  # declared bytes (stand-ins)
+
+
+class Summary(NamedTuple):
+    """What one place reports of one step."""
+
+    records: list[Record]
+    refusals: list[Rejection]
+    diverged: list[tuple[int, int]]  # (round, node) of the trainings that diverged
+    acks: list[Ack]  # EF21 acknowledgements for the senders' places
+
+
 # (src, item index, receiver) pairs the [links] deadline keeps from being delivered
 Late = frozenset[tuple[int, int, int]]
 
@@ -126,7 +154,7 @@ def send(net: Network, round: int, outboxes: dict[int, Outbox], *, here: int = 0
     for src in sorted(outboxes):
         for t in net.encode_outbox(round, src, outboxes[src].items):
             if t.data is not None:
-                records.append((t.src, t.index, t.dsts, t.direction, t.kind, len(t.data), t.declared))
+                records.append(Record(t.src, t.index, t.dsts, t.direction, t.kind, len(t.data), t.declared))
             if last:
                 continue
             per_place: dict[int, list[int]] = {}
@@ -136,7 +164,7 @@ def send(net: Network, round: int, outboxes: dict[int, Outbox], *, here: int = 0
             payload: Any = share(t.data, len(remote)) if len(remote) > 1 and t.data is not None else t.data
             stand_in = t.stand_in or None
             for j, ds in per_place.items():
-                item = ((t.src, t.index), tuple(ds), t.data if j == here else payload, stand_in, t.kind)
+                item = Item((t.src, t.index), tuple(ds), t.data if j == here else payload, stand_in, t.kind)
                 (local if j == here else bundles[j]).append(item)
     return records, local, bundles
 
@@ -150,7 +178,7 @@ def deliver(net: Network, round: int, items: Iterable[Item], faults: RoundFaults
     (``faults``) and (message, receiver) pairs past the deadline (``late``) are left out;
     then the receivers' norm screening. Refusals go to ``net.rejections``."""
     inboxes: dict[int, list[Envelope]] = {}
-    order = sorted(items, key=lambda it: it[0])
+    order = sorted(items, key=lambda it: it.key)
     order.reverse()  # popped from the end: the serial order
     if isinstance(items, list):  # the caller's list gives up its bytes: each is freed once decoded
         items.clear()
@@ -393,7 +421,7 @@ class Place:
         records, self._local, bundles = send(
             net, round, outboxes, here=self.index, num_places=self.num_places, last=last, share=self.share,
             where=self.where)
-        return ((records, net.rejections, diverged, net.acks), *[b or None for b in bundles])
+        return (Summary(records, net.rejections, diverged, net.acks), *[b or None for b in bundles])
 
     def run_step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],
                  inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
@@ -439,6 +467,36 @@ class LocalPlace:
         self.place.apply_acks(codecs, seed, policy, acks)
 
 
+class ExecutorBackend:
+    """The driver's backend over an executor (serial, worker pool, Ray): the nodes' states
+    live in ``executor``, each step runs on its places (:class:`LocalPlace` for a serial
+    executor, the sharded executor itself otherwise), ``evaluator`` measures the protocols.
+
+    What the driver asks of any backend (a Flower backend supplies the same:
+    :mod:`lowband.flower.adapter`): ``places`` (what :class:`RoundLoop` plays a step on),
+    ``init_states(plan)``, ``evaluate(round, plan)`` (the protocols' metrics),
+    ``map_nodes(fn, nodes, round, plan)`` (``None`` for a node it does not hold) and
+    ``close()`` at the end of a run."""
+
+    def __init__(self, executor: Any, network: Network, evaluator: Any = None, close_at_end: bool = False):
+        self.executor, self.evaluator = executor, evaluator
+        self.places: Backend = LocalPlace(executor, network) if isinstance(executor, SerialExecutor) else executor
+        self._close = close_at_end
+
+    def init_states(self, plan: Optional[RoundPlan]) -> None:
+        self.executor.init_states(plan)
+
+    def evaluate(self, round: int, plan: RoundPlan) -> dict[str, Any]:
+        return self.evaluator(round, plan)
+
+    def map_nodes(self, fn: Callable, nodes: Iterable[int], round: int, plan: RoundPlan) -> dict[int, Any]:
+        return self.executor.map_nodes(fn, nodes, round, plan)
+
+    def close(self) -> None:
+        if self._close:  # worker processes end with the run (their states stay readable)
+            self.executor.close()
+
+
 class RoundLoop:
     """Plays a round's steps on a backend's places; counts, collects, times (see the
     module docstring). ``network``: the run's codecs, seed, validation policy and ledger."""
@@ -448,10 +506,13 @@ class RoundLoop:
 
     def play(self, steps: Sequence[Step], round: int, plan: RoundPlan, faults: RoundFaults = NO_FAULTS,
              clock: Any = None) -> list[tuple[int, int]]:
-        """Run ``steps``; append the ledger records, the receivers' refusals
+        """Run ``steps`` (without ``faults``' dropped nodes among their actors); append the
+        ledger records, the receivers' refusals
         (``network.rejections``); return the divergences ``(round, node)``. A backend with
         ``begin_round(steps, round, plan)`` / ``end_round()`` (a sharded one) may place
         the round's actors for balance before the steps and bring them home after."""
+        if faults.dropped:  # offline nodes neither compute nor send (lowband.faults)
+            steps = [Step(s.name, faults.actors(s.actors), s.fn) for s in steps]
         begin, end = getattr(self.backend, "begin_round", None), getattr(self.backend, "end_round", None)
         if begin is not None:
             begin(steps, round, plan)
@@ -478,14 +539,14 @@ class RoundLoop:
         for k, step in enumerate(steps):
             parts = self.backend.step_places(step, round, plan, net.codecs, net.seed, policy, faults, late,
                                              k == 0, k == len(steps) - 1, acks)
-            acks = sorted((a for part in parts for a in part[3]), key=lambda a: (a[0], a[1], a[2]))
+            acks = sorted((a for part in parts for a in part.acks), key=lambda a: (a[0], a[1], a[2]))
             # refusals of the messages delivered at the start of step k (sent in step k-1)
-            refusals = sorted((x for part in parts for x in part[1]), key=lambda x: (x.src, x.dst, x.reason, x.kind))
+            refusals = sorted((x for part in parts for x in part.refusals), key=lambda x: (x.src, x.dst, x.reason, x.kind))
             if refusals and policy is not None and policy.on_invalid == "abort":
                 raise InvalidMessageError(refusals[0])
             net.rejections.extend(refusals)
-            diverged.extend(sorted(d for part in parts for d in part[2]))
-            records = sorted((r for part in parts for r in part[0]), key=lambda r: (r[0], r[1]))
+            diverged.extend(sorted(d for part in parts for d in part.diverged))
+            records = sorted((r for part in parts for r in part.records), key=lambda r: (r.src, r.index))
             append_records(net.ledger, round, records)
             late = late_links(clock, records) if clock is not None else frozenset()
         if acks:  # the round's last deliveries: both copies equal before the round ends
@@ -622,7 +683,7 @@ class ShardedExecutor:
         del prev
         outs = self._wait(handles)
         self._bundles = None if last else [list(o[1:]) for o in outs]
-        return [o[0] for o in outs]
+        return [Summary(*o[0]) for o in outs]
 
     def _acks_per_place(self, acks: list[Ack]) -> list[Optional[list[Ack]]]:
         """Each EF21 ack goes to the place of its sender (None: no acks for that place)."""

@@ -242,9 +242,6 @@ class RunLog:
         self.timing_path = self.dir / "timing.jsonl"
         self.summary_path = self.dir / "summary.json"
         self.ckpt_path = self.dir / "checkpoint.pt"
-        #: log.tensorboard: metrics also go to RUN/tb/ (lowband.tblog), opened at the first line
-        self.tensorboard = False
-        self._tb: Any = None
         #: the folder's one-writer lock (lowband.engine.runlock), held from :meth:`open` to :meth:`release`
         self.lock = RunLock(self.dir)
 
@@ -274,7 +271,6 @@ class RunLog:
             log.release()
             raise RunDirError(f"run folder {d}: cannot write there ({exc.strerror or type(exc).__name__}); "
                               f"choose another out_dir (or --out)") from None
-        log.tensorboard = exp.log.tensorboard
         return log
 
     def release(self) -> None:
@@ -371,13 +367,6 @@ class RunLog:
 
     def log_metrics(self, rec: dict[str, Any]) -> None:
         self.append(self.metrics_path, rec)
-        if self.tensorboard:
-            if self._tb is None:  # (re)built from metrics.jsonl: a resumed run logs each round once
-                from lowband.tblog import TB_DIR, TensorBoardLog
-
-                self._tb = TensorBoardLog(self.dir / TB_DIR, self.metrics())
-            else:
-                self._tb.add(rec)
 
     def log_timing(self, rec: dict[str, Any]) -> None:
         self.append(self.timing_path, rec)
@@ -447,9 +436,6 @@ class RunLog:
                               f"delete it to restart the run from round 0") from None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
         atomic_write_text(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
 
     def write_ledger(self, ledger: Any) -> None:

@@ -1,78 +1,60 @@
-"""The round loop: config -> federation -> topology -> algorithm -> network -> evaluator -> run log.
+"""The round driver: config -> federation -> topology -> algorithm -> network -> evaluator -> run log.
 
-``Simulation(exp).run()`` executes an experiment. Per round ``r`` (1-based):
+``Simulation(exp).run()`` executes an experiment. Per round ``r`` (1-based) the driver
+plays **plan -> steps -> play -> evaluate -> record**:
 
-1. the topology gives the round plan (sampled clients, the peer graph, the contacts);
-2. the algorithm gives the round's steps; :class:`~lowband.engine.rounds.RoundLoop` plays
-   them (the one round loop of every backend): for each step the backend runs the step's
-   function on every actor where the actor lives, and every message the actors sent is
-   encoded, counted and delivered;
-3. every ``eval.every`` rounds the evaluator measures the named protocols;
-4. one line goes to metrics.jsonl (deterministic), one to timing.jsonl (wall-clock seconds,
-   the engine's workers and the CPU seconds they and this process took:
-   :mod:`lowband.engine.cputime`), and a checkpoint is written, so ``resume=True``
-   continues to the identical result.
+1. *plan*: the topology gives the round plan (sampled clients, the peer graph, the contacts);
+2. *steps*: the algorithm gives the round's steps for the plan;
+3. *play*: :class:`~lowband.engine.rounds.RoundLoop` plays them on the backend (the one
+   round loop of every backend): each step's function runs on every actor where the
+   actor lives, and every message the actors sent is encoded, counted and delivered;
+4. *evaluate*: every ``eval.every`` rounds the backend measures the named protocols;
+5. *record*: one line goes to metrics.jsonl (deterministic).
 
-Receivers validate what they get (:mod:`lowband.comm.validate`) and ``[faults]`` drops
-nodes and late replies (:mod:`lowband.faults`), in this round loop for every algorithm.
-What happened is counted per round (``rejected/<reason>``, ``faults/dropped``,
-``faults/late``, ``faults/diverged``) and written with the next metrics line, summed
-over the rounds since the previous line; a ``rejected/*`` or ``faults/diverged`` key
-appears only when its count is not zero, ``faults/dropped`` and ``faults/late`` in every
-line of a run with faults configured.
+Everything else is an observer (:mod:`lowband.engine.observers`), called at named hooks
+of this loop: faults and link time narrow or time the round, refusals and divergences
+are counted, watches warn, timing.jsonl and checkpoints are written, a resumed run is
+restored, progress bars and TensorBoard look on. The driver knows none of them; a new
+one is passed as ``Simulation(exp, observers=[...])``. docs/engine.md has the picture.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from lowband.algorithms import ALGORITHMS
-from lowband.algorithms.base import SERVER, Algorithm, Envelope, Outbox, Step
-from lowband.comm import links
+from lowband.algorithms.base import Algorithm, Envelope, Outbox
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import CodecConfig, Network, Transfer, link_direction  # noqa: F401 (re-exported)
-from lowband.comm.validate import ExpectedShapes, Rejection, ValidationPolicy, Validator
+from lowband.comm.validate import ExpectedShapes, ValidationPolicy, Validator
 from lowband.config.schema import ConfigError, Experiment
 from lowband.config.resolve import hyperparams
 from lowband.data.build import load_data, make_federation  # noqa: F401 (re-exported)
-from lowband.data.errors import PartitionError
 from lowband.data.federation import Federation
 from lowband.device import is_cpu, resolve_device, to_device
 from lowband.engine import checks
-from lowband.engine.cputime import CpuMeter
+from lowband.engine.errors import config_errors
 from lowband.engine.evaluation import Evaluator
 from lowband.engine.backends import choose_executor
-from lowband.engine.executor import NodeEnv, ServerData, SerialExecutor
+from lowband.engine.executor import NodeEnv, ServerData
+from lowband.engine.observers import Counters, Observer, Progress, Round, Run, default_observers
 from lowband.engine.pool import PoolExecutor
-from lowband.engine.rounds import LocalPlace, RoundLoop, append_records, late_links, send
+from lowband.engine.rounds import ExecutorBackend, RoundLoop, append_records, send
 from lowband.engine.rounds import deliver as deliver_items
 from lowband.engine.runlog import RunLog, summarize
-from lowband.faults import NO_FAULTS, FaultModel, RoundFaults, dropped_count
+from lowband.faults import NO_FAULTS, RoundFaults
 from lowband.models import MODELS, build_model, count_params
 from lowband.seeding import derive_seed
 from lowband.topology import RoundPlan, Topology, build_topology
 from lowband.train import get_params
 
+__all__ = ["Simulation", "RunResult", "run", "config_errors", "make_federation", "make_topology", "ModelBuilder"]
+
 logger = logging.getLogger("lowband")
-
-
-@contextmanager
-def config_errors(section: str):
-    """Report a ValueError raised while building ``section`` as a one-line ConfigError."""
-    try:
-        yield
-    except (ConfigError, PartitionError):
-        raise
-    except ValueError as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{section}: {msg}") from None
 
 
 #: metric keys each protocol writes (see engine/evaluation.py)
@@ -141,10 +123,6 @@ def encode_outbox(network: Network, round: int, src: int, outbox: Outbox) -> lis
     return network.encode_outbox(round, src, outbox.items)
 
 
-def _round_metrics(ctx: Any, state: Any, alg: Algorithm) -> dict[str, float]:
-    return alg.round_metrics(state)
-
-
 class ModelBuilder:
     """Builds the experiment's modules and their shared initial parameters.
 
@@ -192,30 +170,24 @@ class RunResult:
 
 
 class Simulation:
-    """One experiment, end to end. ``progress(round, total, record)`` is called after
-    each evaluated round (the CLI draws its bar with it)."""
+    """One experiment, end to end: the round driver (module docstring).
+
+    ``observers``: more :class:`~lowband.engine.observers.Observer` s, called after the
+    built-in ones (docs/engine.md: how to write one). ``backend(sim)``: builds the backend
+    that holds the nodes and carries their messages instead of the executor the config
+    names (the Flower adapter's). ``progress(round, total, record)`` is called after each
+    evaluated round (the CLI draws its bar with it)."""
 
     def __init__(self, exp: Experiment, *, resume: bool = False,
                  progress: Optional[Callable[[int, int, dict[str, Any]], None]] = None,
-                 federation: Optional[Federation] = None, write: bool = True):
-        self.exp = exp
-        self.resume = resume
-        self.progress = progress
-        self.write = write
+                 federation: Optional[Federation] = None, write: bool = True,
+                 observers: Sequence[Observer] = (), backend: Optional[Callable[["Simulation"], Any]] = None):
+        self.exp, self.resume, self.write = exp, resume, write
         self._log: Optional[RunLog] = None  #: the run folder while :meth:`run` goes on (it holds its lock)
-        if exp.threads:
-            torch.set_num_threads(exp.threads)
-        with config_errors("device"):
-            self.device = resolve_device(exp.device)
-            if not is_cpu(self.device) and exp.executor != "serial":
-                raise ValueError(f"{exp.device!r} runs on the serial executor only (executor {exp.executor!r} "
-                                 f"workers compute on the CPU); use device = \"cpu\" or executor = \"serial\"")
+        self.device = _run_device(exp)
         self.alg: Algorithm = ALGORITHMS[exp.algorithm.name](hyperparams(exp))
         checks.check_experiment(exp, self.alg)  # refuse what cannot be measured, before any work
-        with config_errors("data"):
-            self.fed = federation if federation is not None else make_federation(exp)
-        if not is_cpu(self.device):  # the data lives where the training runs
-            self.fed = to_device(self.fed, self.device)
+        self.fed = self._federation(federation)
         self.num_nodes = len(self.fed.nodes)
         self.alg.num_nodes = self.num_nodes
         self.alg.scratch_root = str(exp.run_dir() / "scratch") if write else None  # recomputable caches only
@@ -223,80 +195,104 @@ class Simulation:
             self.topology = make_topology(exp, self.alg.family, self.num_nodes, self.alg.default_topology)
             self.alg.check_topology(self.topology, self.num_nodes)
         self.ledger = Ledger()
-        num_classes = self.fed.num_classes
-        # [model] mix: client i gets mix[i % len(mix)] (the server keeps model.name)
-        mix = list(exp.model.mix or [])
-        with config_errors("model"):
-            builder = ModelBuilder(exp.model.name, mix, num_classes, tuple(self.fed.input_shape),
-                                   {a: model_options(exp, self.fed, a) for a in {exp.model.name, *mix}}, exp.seed,
-                                   device=self.device)
-            self.model_size = count_params(builder(0))
-            self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(mix)} if mix else {}
-        with config_errors("comm"):
-            policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor or None,
-                                      partial_kinds=frozenset(self.alg.partial_kinds))
-            self.network = Network(
-                CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
-                self.ledger, exp.seed, validator=Validator(policy, ExpectedShapes(builder.init_params, builder.key)),
-                device=None if is_cpu(self.device) else self.device,
-            )
-        with config_errors("faults"):
-            f = exp.faults
-            self.faults = FaultModel(self.num_nodes, exp.seed, dropout=f.dropout, dropout_schedule=f.dropout_schedule,
-                                     straggler=f.straggler, slowdown=f.slowdown, deadline=f.deadline)
-        #: [links]: simulated time per round, from the ledger (None: not timed, nothing written)
-        self.timer: Optional[links.LinkTimer] = None
-        self._clock: Optional[links.RoundClock] = None
-        if exp.links is not None:
-            with config_errors("links"):
-                self.timer = links.LinkTimer(links.build_link_model(exp.links, compute_s=links.node_compute_seconds(
-                    exp.links, hp=self.alg.hp, n_train=[nd.n_train for nd in self.fed.nodes], model_key=builder.key,
-                    build=builder, input_shape=tuple(self.fed.input_shape)), seed=exp.seed))
-        #: round -> metric key -> count (rejections, faults, divergences); checkpointed
-        self.incidents: dict[int, dict[str, int]] = {}
-        self._logged: set[str] = set()
-        self.traffic = checks.TrafficWatch(  # once-per-run warnings about what crossed the links
-            self.network, checks.model_message_bytes([builder.init_params(i) for i in range(max(1, len(mix)))]),
-            exp.algorithm.name)
-        env = NodeEnv(
-            algorithm=self.alg, node_data=list(self.fed.nodes),
-            server_data=ServerData(self.fed.public_x, self.fed.public_y, _input_stats(self.fed.meta)), seed=exp.seed,
-            num_classes=num_classes, model_factory=builder, model_key=builder.key,
-            init_params=builder.init_params,
-            public_x=self.fed.public_x if self.fed.public_x.numel() else None,
-            vectorize=exp.engine.vectorize,
-        )
-        #: worker processes of the round ([engine] workers; 1: this process, serially); a GPU
-        #: run stays in this process
-        auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
-        with config_errors("executor"):
-            self.executor, self.workers = choose_executor(
-                exp, env, auto_ok=auto_ok, model_size=self.model_size,
-                train_samples=sum(int(nd.n_train) for nd in self.fed.nodes))
-        #: the one round loop; the backend decides where each step's calls run
-        self.loop = RoundLoop(self.network, LocalPlace(self.executor, self.network)
-                              if isinstance(self.executor, SerialExecutor) else self.executor)
+        self.builder = self._model_builder()
+        self.network = self._network()
+        self.executor = self._executor()
         self.protocols = checks.resolve_protocols(self.alg, self.fed, exp.eval.protocols)
-        self.main_metric = exp.eval.main or self._default_main()
-        known = [f"{p}/{m}" for p in self.protocols for m in PROTOCOL_METRICS[p]]
-        if self.main_metric not in known:
-            raise ConfigError(f"eval.main: {self.main_metric!r} is not a metric of this run "
-                              f"(protocols {', '.join(self.protocols)}); available: {', '.join(known)}")
+        self.main_metric = self._main_metric()
         with config_errors("eval"):
             self.evaluator = Evaluator(self.protocols, self.alg, self.executor, self.num_nodes,
                                        self.fed.global_test_x, self.fed.global_test_y, exp.eval.batch_size, self.topology,
                                        sample=exp.eval.nodes, seed=exp.seed, norm_factor=exp.comm.norm_factor or None)
+        #: where the nodes live and how their messages move (ExecutorBackend, or the Flower adapter's)
+        self.backend = backend(self) if backend is not None else ExecutorBackend(
+            self.executor, self.network, self.evaluator, close_at_end=isinstance(self.executor, PoolExecutor))
+        #: the one round loop; the backend decides where each step's calls run
+        self.loop = RoundLoop(self.network, self.backend.places)
+        #: per-round counts (rejections, faults, ...) written with the metrics; checkpointed
+        self.counters = Counters()
+        self._progress = Progress(progress)
+        traffic = checks.TrafficWatch(  # once-per-run warnings about what crossed the links
+            self.network, checks.model_message_bytes([self.builder.init_params(i) for i in range(max(1, len(self.mix)))]),
+            exp.algorithm.name)
+        #: the run's observers, in hook order (lowband.engine.observers.default_observers)
+        self.observers: list[Observer] = default_observers(
+            self, traffic=traffic, builder=self.builder, progress=self._progress, extra=observers,
+            checkpoints=getattr(self.backend, "checkpoints", True))
+
+    # -- building ---------------------------------------------------------------------------
+    def _federation(self, given: Optional[Federation]) -> Federation:
+        with config_errors("data"):
+            fed = given if given is not None else make_federation(self.exp)
+        return fed if is_cpu(self.device) else to_device(fed, self.device)  # the data lives where training runs
+
+    def _model_builder(self) -> ModelBuilder:
+        exp = self.exp
+        self.mix = list(exp.model.mix or [])  # [model] mix: client i gets mix[i % len(mix)] (the server model.name)
+        with config_errors("model"):
+            builder = ModelBuilder(exp.model.name, self.mix, self.fed.num_classes, tuple(self.fed.input_shape),
+                                   {a: model_options(exp, self.fed, a) for a in {exp.model.name, *self.mix}}, exp.seed,
+                                   device=self.device)
+            self.model_size = count_params(builder(0))
+            self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(self.mix)} if self.mix else {}
+        return builder
+
+    def _network(self) -> Network:
+        exp, b = self.exp, self.builder
+        with config_errors("comm"):
+            policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor or None,
+                                      partial_kinds=frozenset(self.alg.partial_kinds))
+            return Network(
+                CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
+                self.ledger, exp.seed, validator=Validator(policy, ExpectedShapes(b.init_params, b.key)),
+                device=None if is_cpu(self.device) else self.device,
+            )
+
+    def _executor(self) -> Any:
+        exp, fed, b = self.exp, self.fed, self.builder
+        env = NodeEnv(
+            algorithm=self.alg, node_data=list(fed.nodes),
+            server_data=ServerData(fed.public_x, fed.public_y, _input_stats(fed.meta)), seed=exp.seed,
+            num_classes=fed.num_classes, model_factory=b, model_key=b.key, init_params=b.init_params,
+            public_x=fed.public_x if fed.public_x.numel() else None, vectorize=exp.engine.vectorize,
+        )
+        #: worker processes of the round ([engine] workers; 1: this process, serially; a GPU run stays here)
+        auto_ok = is_cpu(self.device) and (exp.engine.workers != "auto" or self.alg.auto_workers)
+        with config_errors("executor"):
+            executor, self.workers = choose_executor(exp, env, auto_ok=auto_ok, model_size=self.model_size,
+                                                     train_samples=sum(int(nd.n_train) for nd in fed.nodes))
+        return executor
+
+    def _main_metric(self) -> str:
+        main = self.exp.eval.main or self._default_main()
+        known = [f"{p}/{m}" for p in self.protocols for m in PROTOCOL_METRICS[p]]
+        if main not in known:
+            raise ConfigError(f"eval.main: {main!r} is not a metric of this run "
+                              f"(protocols {', '.join(self.protocols)}); available: {', '.join(known)}")
+        return main
 
     def _default_main(self) -> str:
         main = self.alg.default_main
-        prefix = main.split("/")[0]
-        if prefix in self.protocols:
+        if main.split("/")[0] in self.protocols:
             return main
         for p, key in (("consensus", "consensus/acc"), ("global", "global/acc"),
                        ("personal", "personal/acc_weighted"), ("node_global", "node_global/acc")):
             if p in self.protocols:
                 return key
         return main
+
+    @property
+    def progress(self) -> Optional[Callable[[int, int, dict[str, Any]], None]]:
+        """``progress(round, total, record)`` after each evaluated round (None: none)."""
+        return self._progress.callback
+
+    @progress.setter
+    def progress(self, fn: Optional[Callable[[int, int, dict[str, Any]], None]]) -> None:
+        self._progress.callback = fn
+
+    def observer(self, kind: type) -> Any:
+        """The run's first observer of type ``kind`` (None: none), e.g. ``sim.observer(LinkClock).timer``."""
+        return next((o for o in self.observers if isinstance(o, kind)), None)
 
     # -- messaging ------------------------------------------------------------------
     def route(self, round: int, outboxes: dict[int, Outbox], faults: RoundFaults = NO_FAULTS,
@@ -313,66 +309,14 @@ class Simulation:
         start = len(net.rejections)
         records, local, _ = send(net, round, outboxes, last=not deliver)
         append_records(net.ledger, round, records)
-        late = late_links(self._clock, records) if self._clock is not None else frozenset()
-        inboxes = deliver_items(net, round, local, faults, late) if deliver else {}
+        inboxes = deliver_items(net, round, local, faults) if deliver else {}
         # the order the Ray executor reports them in (it only changes which one is logged)
         net.rejections[start:] = sorted(net.rejections[start:], key=lambda x: (x.src, x.dst, x.reason, x.kind))
         return inboxes
 
-    # -- codec state (error-feedback residuals, warm starts: the senders' own) ------------
-    def _codec_states(self) -> dict[str, Any]:
-        """The senders' codec states, from where they live (a distributed executor's
-        workers, else this process's network)."""
-        get = getattr(self.executor, "codec_state_dict", None)
-        return get() if get is not None else self.network.codec_state_dict()
-
-    def _load_codec_states(self, sd: dict[str, Any]) -> None:
-        load = getattr(self.executor, "load_codec_state_dict", None)
-        if load is not None:
-            load(sd)
-        else:
-            self.network.load_codec_state_dict(sd)
-
-    # -- incidents (rejections, faults, divergences) -------------------------------------
-    def _note(self, round: int, key: str, n: int = 1) -> None:
-        if n:
-            per = self.incidents.setdefault(int(round), {})
-            per[key] = per.get(key, 0) + int(n)
-
-    def _collect(self, round: int, diverged: Optional[list[tuple[int, int]]] = None) -> None:
-        """Move the round's rejections and divergences into :attr:`incidents`; log the
-        first of each reason once per run."""
-        rejections: list[Rejection] = self.network.rejections
-        self.network.rejections = []
-        for rej in rejections:
-            self._note(round, f"rejected/{rej.reason}")
-            if rej.reason not in self._logged:
-                self._logged.add(rej.reason)
-                logger.warning("%s; further '%s' rejections are counted in metrics.jsonl as rejected/%s, not logged",
-                               rej.describe(), rej.reason, rej.reason)
-        diverged = list(diverged or []) + list(getattr(self.executor, "diverged", []))
-        if getattr(self.executor, "diverged", None):
-            self.executor.diverged.clear()
-        for r, node in diverged:
-            self._note(round, "faults/diverged")
-            if "diverged" not in self._logged:
-                self._logged.add("diverged")
-                logger.warning("round %d: the local training of node %d diverged (non-finite loss); further "
-                               "divergences are counted in metrics.jsonl as faults/diverged, not logged", r, node)
-
-    def _incident_record(self, since: int, upto: int) -> dict[str, int]:
-        """Counts of rounds ``since < r <= upto``: nonzero keys, plus the fault counts of a
-        run with faults configured."""
-        rec: dict[str, int] = {"faults/dropped": 0, "faults/late": 0} if self.faults.enabled else {}
-        if self.timer is not None and self.timer.model.deadline_s is not None:
-            rec["links/late"] = 0
-        for r in range(since + 1, upto + 1):
-            for k, v in self.incidents.get(r, {}).items():
-                rec[k] = rec.get(k, 0) + v
-        return dict(sorted(rec.items()))
-
     # -- bytes -------------------------------------------------------------------------
     def byte_record(self, round: int) -> dict[str, int]:
+        """``bytes/<direction>`` and ``declared/<direction>`` so far, and their totals."""
         rec: dict[str, int] = {}
         tot_e = tot_d = 0
         for direction in ("up", "down", "peer"):
@@ -385,7 +329,17 @@ class Simulation:
         rec["declared/total"] = tot_d
         return rec
 
-    # -- the loop ------------------------------------------------------------------------
+    def ledger_summary(self) -> dict[str, Any]:
+        """The run's byte totals for summary.json: ``bytes_<direction>`` (encoded) and
+        ``declared_bytes_<direction>`` per link direction (up, down, peer)."""
+        out: dict[str, Any] = {}
+        for direction in ("up", "down", "peer"):
+            e, d = self.ledger.totals(direction=direction)
+            out[f"bytes_{direction}"] = int(e)
+            out[f"declared_bytes_{direction}"] = int(d)
+        return out
+
+    # -- the driver ------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Run the rounds (from the checkpoint with ``resume``) and return the result. A run
         interrupted by an error or a signal stops its Ray actors before the error propagates:
@@ -404,151 +358,77 @@ class Simulation:
             if self._log is not None:  # the run folder's lock: another run may write there now
                 self._log.release()
 
+    def _notify(self, hook: str, *args: Any) -> None:
+        for o in self.observers:
+            getattr(o, hook)(*args)
+
     def _run(self) -> RunResult:
         exp = self.exp
-        log = self._log = RunLog.open(exp, resume=self.resume) if self.write else None
-        if log is not None and self.resume:
-            # no longer a finished run (a restart rewrites its rounds, an extension adds some):
-            # a summary left from before would call it finished, and its rounds lost while it runs
-            log.summary_path.unlink(missing_ok=True)
-        start = 0
-        ckpt = log.load_checkpoint() if (log is not None and self.resume) else None
-        if ckpt is not None:
-            start = int(ckpt["round"])
-            self.executor.load_state_dict(ckpt["states"] if is_cpu(self.device) else to_device(ckpt["states"], self.device))
-            self.ledger.load_state_dict(ckpt["ledger"])
-            self._load_codec_states(ckpt.get("codecs", {}))
-            self.incidents = {int(r): {str(k): int(v) for k, v in per.items()}
-                              for r, per in ckpt.get("incidents", {}).items()}
-            if self.timer is not None:  # simulated times are a function of the ledger: replay them
-                for r in range(1, start + 1):
-                    self.timer.finish(self.ledger, r)
-            log.truncate_after(start)
-        else:
-            if log is not None:
-                log.truncate_after(-1)
-            self.executor.init_states(self.topology.plan(0) if self.num_nodes else None)
-        metrics: list[dict[str, Any]] = log.metrics() if log is not None else []
-        decay = checks.DecayWatch(self.main_metric)  # a main accuracy that falls far from its best
-        chance = checks.ChanceWatch(self.main_metric, self.fed.num_classes, exp.rounds)  # ... or never leaves chance
-        for rec in metrics:  # a resumed run's earlier rounds: warned in the run that evaluated them
-            decay.check(rec, quiet=True)
-            chance.check(rec, quiet=True)
-        t_run = time.perf_counter()
+        self._log = RunLog.open(exp, resume=self.resume) if self.write else None
+        run = Run(self, self._log, self.observers, self.counters)
+        self._notify("on_run_start", run)  # a resume restores the run here (observers.checkpoint.Resume)
+        if run.start == 0:
+            self.backend.init_states(self.topology.plan(0) if self.num_nodes else None)
+            if exp.eval.at_round0:
+                plan0 = self.topology.plan(0)
+                self._record(run, Round(0, plan0, plan0))
+        for r in range(run.start + 1, exp.rounds + 1):
+            self._round(run, r)
+        return self._finish(run)
 
-        if start == 0 and exp.eval.at_round0:
-            rec = self._evaluate(0, self.topology.plan(0))
-            rec.update(self._incident_record(0, 0))
-            metrics.append(rec)
-            if log is not None:
-                log.log_metrics(rec)
-            if self.progress:
-                self.progress(0, exp.rounds, rec)
+    def _round(self, run: Run, r: int) -> None:
+        """plan -> steps -> play (encode, count, deliver) -> evaluate -> record."""
+        plan = self.topology.plan(r - 1)  # topology rounds are 0-based
+        rnd = Round(r, plan, plan)
+        self._notify("on_round_start", run, rnd)
+        rnd.steps = list(self.alg.steps(r, rnd.played))
+        rnd.diverged = self.loop.play(rnd.steps, r, rnd.played, rnd.faults, rnd.clock)
+        self._notify("on_deliver", run, rnd)
+        if r % self.exp.eval.every == 0 or r == self.exp.rounds:
+            self._record(run, rnd)
+        self._notify("on_round_end", run, rnd)
 
-        meter = CpuMeter(getattr(self.executor, "worker_pids", lambda: None))
-        workers = int(getattr(self.executor, "num_workers", 1))
-        for r in range(start + 1, exp.rounds + 1):
-            t0 = time.perf_counter()
-            meter.start()
-            plan = self.topology.plan(r - 1)  # topology rounds are 0-based
-            faults = self.faults.round(r) if self.faults.enabled else NO_FAULTS
-            round_plan = faults.apply(plan)
-            steps = self.alg.steps(r, round_plan)
-            if self.timer is not None and self.timer.model.deadline_s is not None:
-                self._clock = self.timer.live(r)
-            if faults.dropped:
-                self._note(r, "faults/dropped", dropped_count(faults, plan, steps))
-                steps = [Step(s.name, faults.actors(s.actors), s.fn) for s in steps]
-            diverged = self.loop.play(steps, r, round_plan, faults, self._clock)
-            if faults.late:  # late nodes that sent something this round (counted, not delivered)
-                cols = self.ledger.columns()
-                self._note(r, "faults/late", len(faults.late & set(cols["src"][cols["round"] == r].tolist())))
-            self._collect(r, diverged)
-            if self.timer is not None:
-                self.timer.finish(self.ledger, r)
-                if self._clock is not None:
-                    self._note(r, "links/late", self._clock.late)
-                    self._clock = None
-            t_train = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            if r % exp.eval.every == 0 or r == exp.rounds:
-                rec = self._evaluate(r, plan)
-                rec.update(self._incident_record(metrics[-1]["round"] if metrics else 0, r))
-                metrics.append(rec)
-                decay.check(rec)
-                chance.check(rec)
-                if log is not None:
-                    log.log_metrics(rec)
-                if self.progress:
-                    self.progress(r, exp.rounds, rec)
-            t_eval = time.perf_counter() - t1
-            cpu_s = meter.stop()  # the CPU the round took in this process and its workers (None: unknown)
-            if log is not None:
-                log.log_timing({"round": r, "round_s": round(t_train, 4), "eval_s": round(t_eval, 4),
-                                "elapsed_s": round(time.perf_counter() - t_run, 3), "workers": workers,
-                                **({"cpu_s": cpu_s} if cpu_s is not None else {})})
-                if exp.checkpoint_every and (r % exp.checkpoint_every == 0 or r == exp.rounds):
-                    codecs = self._codec_states()
-                    log.save_checkpoint({"round": r, "states": self.executor.state_dict(),
-                                         "ledger": self.ledger.state_dict(),
-                                         **({"codecs": codecs} if codecs else {}),
-                                         **({"incidents": {str(k): v for k, v in self.incidents.items()}}
-                                            if self.incidents else {})})
-
-        summary = summarize(
-            metrics, main=self.main_metric, target=exp.eval.target,
-            extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
-                   "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
-                   "num_classes": self.fed.num_classes, "seed": exp.seed, "protocols": self.protocols,
-                   **self.ledger_summary(), **chance.summary(),
-                   **({"model_mix": self.model_sizes} if self.model_sizes else {}),
-                   **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
-                   **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
-        )
-        if self.timer is not None:  # simulated time to the main metric's target ([links] only)
-            hit = summary.get("rounds_to_target")
-            summary["sim_time_s"] = self.timer.elapsed(exp.rounds)
-            summary["time_to_target_s"] = self.timer.elapsed(hit) if hit is not None else None
-            if self.timer.energy(exp.rounds) is not None:  # a preset with radio power figures
-                summary["energy_j"] = self.timer.energy(exp.rounds)
-                summary["energy_to_target_j"] = self.timer.energy(hit) if hit is not None else None
-        if log is not None:
-            log.write_ledger(self.ledger)
-            log.write_summary(summary)
-        if isinstance(self.executor, PoolExecutor):
-            self.executor.close()  # the worker processes end with the run (their states stay readable)
-        return RunResult(str(log.dir) if log else "", summary, metrics)
+    def _record(self, run: Run, rnd: Round) -> None:
+        """Evaluate, let the observers add to the record, write it."""
+        rec = self._evaluate(rnd.number, rnd.plan)
+        self._notify("on_eval", run, rnd, rec)
+        run.metrics.append(rec)
+        if run.log is not None:
+            run.log.log_metrics(rec)
+        self._notify("on_record", run, rnd, rec)
 
     def _evaluate(self, r: int, plan: RoundPlan) -> dict[str, Any]:
-        rec: dict[str, Any] = {"round": r}
-        rec.update(self.evaluator(r, plan))
-        rec.update(self.byte_record(r))
-        if self.timer is not None:
-            rec.update(self.timer.record(r))
-        self.traffic.check()
-        if self.alg.has_server:  # the algorithm's own per-round diagnostics (measurement only)
-            extra = self.executor.map_nodes(partial(_round_metrics, alg=self.alg), [SERVER], r, plan)[SERVER]
-            rec.update({f"alg/{k}": float(v) for k, v in (extra or {}).items()})
-        if type(self.alg).node_metrics is not Algorithm.node_metrics:  # per-node diagnostics (measurement only)
-            nodes = list(range(self.num_nodes)) + ([SERVER] if self.alg.has_server else [])
-            per_node = self.executor.map_nodes(self.alg.node_metrics, nodes, r, plan)
-            for n in nodes:
-                for k, v in (per_node[n] or {}).items():
-                    if f"alg/{k}" in rec:
-                        raise ValueError(f"{self.alg.name}.node_metrics: node {n} repeats metric {k!r}; "
-                                         f"include the node id in node-specific keys")
-                    rec[f"alg/{k}"] = float(v)
-        return rec
+        """The round's record: the protocols' metrics and the bytes so far."""
+        return {"round": r, **self.backend.evaluate(r, plan), **self.byte_record(r)}
 
-    def ledger_summary(self) -> dict[str, Any]:
-        """The run's byte totals for summary.json: ``bytes_<direction>`` (encoded) and
-        ``declared_bytes_<direction>`` per link direction (up, down, peer)."""
-        out: dict[str, Any] = {}
-        for direction in ("up", "down", "peer"):
-            e, d = self.ledger.totals(direction=direction)
-            out[f"bytes_{direction}"] = int(e)
-            out[f"declared_bytes_{direction}"] = int(d)
-        return out
+    def _finish(self, run: Run) -> RunResult:
+        exp, fed = self.exp, self.fed
+        summary = summarize(
+            run.metrics, main=self.main_metric, target=exp.eval.target,
+            extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
+                   "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
+                   "num_classes": fed.num_classes, "seed": exp.seed, "protocols": self.protocols,
+                   **self.ledger_summary(), **({"model_mix": self.model_sizes} if self.model_sizes else {}),
+                   **({"data_sha256": fed.meta["sha256"]} if "sha256" in fed.meta else {})},
+        )
+        self._notify("on_run_end", run, summary)
+        if run.log is not None:
+            run.log.write_ledger(self.ledger)
+            run.log.write_summary(summary)
+        self.backend.close()
+        return RunResult(str(run.log.dir) if run.log else "", summary, run.metrics)
+
+
+def _run_device(exp: Experiment) -> Any:
+    """The run's torch device (``device``; sets ``threads``)."""
+    if exp.threads:
+        torch.set_num_threads(exp.threads)
+    with config_errors("device"):
+        device = resolve_device(exp.device)
+        if not is_cpu(device) and exp.executor != "serial":
+            raise ValueError(f"{exp.device!r} runs on the serial executor only (executor {exp.executor!r} "
+                             f"workers compute on the CPU); use device = \"cpu\" or executor = \"serial\"")
+    return device
 
 
 def run(exp: Experiment, **kwargs: Any) -> RunResult:

@@ -1,9 +1,10 @@
 """Export a lowband server-round algorithm as a Flower ServerApp / ClientApp pair.
 
-The ServerApp plays lowband's round loop for the server: it samples the round's clients
-with lowband's topology (same seed, same clients), runs the server's steps on the
-server's state, and sends each client step to the SuperNode holding that client as a
-Flower ``Message``; the ClientApp runs the algorithm's client step on its own partition,
+The ServerApp runs lowband's round driver (:class:`~lowband.engine.simulator.Simulation`:
+the same plan, steps, round loop, evaluation, records and observers as ``lowband run``)
+with a :class:`FlowerBackend`, which supplies only the transport: it runs the server's
+steps on the server's state and sends each client step to the SuperNode holding that
+client as a Flower ``Message``; the ClientApp runs the algorithm's client step on its own partition,
 with its own state (kept in Flower's ``context.state``) and the inbox it was sent.
 Every lowband message travels as its **wire bytes**, encoded by the sender with the
 run's codecs (``comm.codec`` ...) and the addressed codec generators, inside a Flower
@@ -19,8 +20,12 @@ peer-to-peer methods (DFedAvg, D-PSGD, NTK-DFL, SPARK, ...) are not expressible.
 Evaluation: ``global`` on the ServerApp (global test set); ``personal`` (each client's
 own test split) and ``node_global`` (each client's model on the global test set) by an
 ``evaluate`` message to every client; measurement traffic is not counted, as in lowband.
-``consensus`` (averaging every client's weights) is not offered. Output: a lowband run folder (config.toml, metrics.jsonl,
-summary.json) at ``out-dir``.
+``consensus`` (averaging every client's weights) is not offered, nor are the clients'
+own diagnostics (``Algorithm.node_metrics``). ``[faults]`` apply (dropped clients are not
+asked, late ones' replies are counted and not delivered); ``[links]`` and codecs with
+sender state are refused. Output: the lowband run folder of ``lowband run`` (config.toml,
+metrics.jsonl, ledger.csv, summary.json, timing.jsonl; no checkpoint: the clients' states
+live on the SuperNodes) at ``out-dir``.
 
 Neither side trusts the other (design rule 8; the checks are in
 :mod:`lowband.flower.guard`). The ServerApp decodes each reply within a budget derived
@@ -48,7 +53,7 @@ import copy
 import io
 import shlex
 import time
-from logging import INFO, WARNING
+from logging import INFO
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -67,12 +72,12 @@ from lowband.comm.network import Network
 from lowband.config.schema import ConfigError, Experiment
 from lowband.config.loading import apply_overrides, load_toml
 from lowband.config.resolve import validate
-from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
 )
-from lowband.engine.rounds import append_records, send
-from lowband.engine.runlog import RunLog, summarize
+from lowband.comm.validate import Rejection
+from lowband.engine.observers import Faults
+from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
 from lowband.flower.guard import (
     MAX_MESSAGES, UPLOAD_KINDS, MissingMeta, Rejected, ReplyBudget, StrictMeta, budget_for, check_eval, check_tensors,
@@ -156,7 +161,7 @@ def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> 
     algorithm's own steps of that round with ``node`` among its actors, running the
     method it names. Nothing else is callable (a server cannot make a client run
     ``server_aggregate`` or any other attribute of the algorithm)."""
-    steps = sim.alg.steps(r, sim.topology.plan(r - 1))
+    steps = sim.alg.steps(r, _played_plan(sim, r))
     found = [s for s in steps if s.name == name]
     if not found:
         raise ValueError(f"refused: {sim.alg.name} has no step {str(name)[:40]!r} in round {r} "
@@ -168,6 +173,14 @@ def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> 
     if method != expected:
         raise ValueError(f"refused: step {step.name!r} runs {expected!r}, not {str(method)[:40]!r}")
     return step
+
+
+def _played_plan(sim: Simulation, r: int) -> Any:
+    """Round ``r``'s plan as the ServerApp's driver plays it: without the nodes ``[faults]``
+    drop in that round (a function of (seed, round, node), the same on every side)."""
+    plan = sim.topology.plan(r - 1)
+    faults = sim.observer(Faults)
+    return faults.model.round(r).apply(plan) if faults is not None else plan
 
 
 def _method_name(sim: Simulation, step: Step) -> str:
@@ -263,7 +276,7 @@ class _Client:
         sim, node = self.sim, self.node
         r = checked_round(cfg.get("round"), 1, self.exp.rounds)
         step = _client_step(sim, node, r, cfg.get("step"), cfg.get("fn"))
-        plan = sim.topology.plan(r - 1)
+        plan = _played_plan(sim, r)
         inbox = self._inbox(cfg)
         ex = sim.executor
         ex.states = {node: self.load_state()}
@@ -347,57 +360,76 @@ class _Pending:
     data: bytes
 
 
-class FlowerRun:
-    """The ServerApp side of one run: lowband's round loop over a Flower ``Grid``.
+UNKNOWN_NODE = -2  # the sender of a reply from a node that was not asked (Rejection.src)
+
+
+class FlowerBackend:
+    """The ServerApp's transport: a backend of lowband's round driver
+    (:class:`~lowband.engine.simulator.Simulation`) over a Flower ``Grid``.
+
+    The driver plays the rounds as for ``lowband run`` (plan, steps, the one round loop,
+    evaluation, records, observers); this backend only says where step calls run and how
+    messages move: the server's steps on the server's state here, each client step on the
+    SuperNode holding that client (a ``train`` message carrying the client's inbox as wire
+    bytes; the reply carries its outbox as wire bytes), evaluation of the clients'
+    protocols by ``evaluate`` messages.
 
     Replies are untrusted (design rule 8, see :mod:`lowband.flower.guard`): each one is
-    checked before anything of it reaches the server's state; a bad one is dropped,
-    counted as ``rejected/<reason>`` (cumulative counts in every metrics record, present
-    once non-zero) and logged the first time its reason occurs; the round goes on with the
-    remaining replies. The bytes of a dropped message are still counted in the ledger
-    (they crossed the link), under the kind ``"rejected"``."""
+    checked before anything of it reaches the server's state; a bad one is dropped and
+    refused as the simulator's receivers refuse (a
+    :class:`~lowband.comm.validate.Rejection`: ``rejected/<reason>`` in metrics.jsonl,
+    the first of each reason logged), and the round goes on with the remaining replies.
+    The bytes of a dropped message are still counted in the ledger (they crossed the
+    link), under the kind ``"rejected"``."""
 
-    def __init__(self, exp: Experiment, grid: Grid, *, timeout: float = 3600.0, write: bool = True):
-        self.exp = exp
-        self.grid = grid
-        self.timeout = timeout
-        self.write = write
-        self.sim = Simulation(_in_process(exp), write=False)  # its own: never shares states with an in-process client
-        _check_exportable(self.sim)
-        self.net = self.sim.network  # the ServerApp's ledger is the run's ledger
+    checkpoints = False  # the clients' states live on the SuperNodes: no resumable checkpoint here
+
+    def __init__(self, sim: Simulation, grid: Grid, timeout: float = 3600.0):
+        self.sim, self.grid, self.timeout = sim, grid, timeout
+        self.places = self  # what the round loop plays a step on
+        self.net = sim.network  # the ServerApp's ledger is the run's ledger
         self.node_ids: dict[int, int] = {}
-        self.budget: ReplyBudget = budget_for(self.sim)
-        self.kinds: frozenset[str] = UPLOAD_KINDS | frozenset(getattr(self.sim.alg, "upload_kinds", ()))
+        self.budget: ReplyBudget = budget_for(sim)
+        self.kinds: frozenset[str] = UPLOAD_KINDS | frozenset(getattr(sim.alg, "upload_kinds", ()))
         # the server builds the same partition as the clients: it knows every client's split sizes
-        self.n_train = [int(nd.n_train) for nd in self.sim.fed.nodes]
-        self.n_test = [int(nd.n_test) for nd in self.sim.fed.nodes]
-        self.rejected: dict[str, int] = {}  # since the last metrics record
-        self.rejected_total: dict[str, int] = {}  # over the records written so far
+        self.n_train = [int(nd.n_train) for nd in sim.fed.nodes]
+        self.n_test = [int(nd.n_test) for nd in sim.fed.nodes]
+        self._refusals: list[Rejection] = []  # of the step being played
+        self._server_inbox: list[Envelope] = []
+        self._client_inbox: dict[int, list[_Pending]] = {}
         self._sent: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # this round, per client
 
-    # -- distrust ------------------------------------------------------------------------
-    def _reject(self, reason: str, client: Any, r: int, detail: str) -> None:
-        """Count one dropped reply (or message); log the first of each reason."""
-        if reason not in self.rejected and reason not in self.rejected_total:
-            flwr_log(WARNING, "lowband: round %d: rejected a reply of client %s (%s: %s); further rejections are "
-                     "counted as rejected/<reason> in metrics.jsonl", r, client, reason, detail)
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+    # -- the driver's backend ----------------------------------------------------------------
+    def init_states(self, plan: Any) -> None:
+        """The server's state (each client initialises its own on its SuperNode)."""
+        sim = self.sim
+        torch.manual_seed(derive_seed(sim.exp.seed, "torch", "init", SERVER))
+        sim.executor.states = {SERVER: sim.alg.init_server(sim.executor.context(SERVER, 0, plan))}
 
-    def rejection_record(self) -> dict[str, int]:
-        """``rejected/<reason>``: replies dropped since the previous record, per reason,
-        non-zero only: the simulator's convention (``Simulation._incident_record``), so a
-        Flower run and a simulated run of one config write the same keys. Resets the counts."""
-        out = {f"rejected/{k}": v for k, v in sorted(self.rejected.items()) if v}
-        self.rejected_total.update({k: self.rejected_total.get(k, 0) + v for k, v in self.rejected.items()})
-        self.rejected = {}
+    def map_nodes(self, fn: Callable, nodes: Any, round: int, plan: Any) -> dict[int, Any]:
+        """``fn`` on the server here; None for the clients (their states are on their SuperNodes)."""
+        nodes = [int(n) for n in nodes]
+        out: dict[int, Any] = dict.fromkeys(nodes)
+        if SERVER in nodes:
+            out.update(self.sim.executor.map_nodes(fn, [SERVER], round, plan))
         return out
+
+    def close(self) -> None:
+        pass
+
+    # -- distrust ------------------------------------------------------------------------
+    def _reject(self, reason: str, client: Any, r: int, detail: str, into: Optional[list] = None) -> None:
+        """Refuse one reply (or message) of ``client``: counted as ``rejected/<reason>``."""
+        src = client if type(client) is int else UNKNOWN_NODE
+        who = "" if type(client) is int else f"{client}: "
+        (self._refusals if into is None else into).append(Rejection(r, src, SERVER, "", reason, who + detail))
 
     def _expected_shapes(self, c: int) -> Optional[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
         """Shapes and dtypes client ``c``'s tensors named like a parameter of the server's
         model must have: what the server sent ``c`` under that name this round (a method
         may send each client a slice of the model, e.g. FedSPU), else the server model's.
         None for mixed architectures, where a name may mean another tensor elsewhere."""
-        if self.exp.model.mix:
+        if self.sim.exp.model.mix:
             return None
         params = self.sim.alg.server_params(self.sim.executor.states[SERVER])
         if params is None:
@@ -406,14 +438,14 @@ class FlowerRun:
         out.update({k: v for k, v in self._sent.get(c, {}).items() if k in out})
         return out
 
-    def _receive(self, data: Any, c: int, r: int) -> LBMessage:
+    def _receive(self, data: Any, c: int) -> LBMessage:
         """One message of client ``c``'s reply, decoded and checked (raises Rejected)."""
         msg = decode_reply(data, self.budget, lambda kind: self.net.codec_for(kind, "up").spec)
         check_upload(msg, kinds=self.kinds, expected=self._expected_shapes(c), max_examples=self.n_train[c])
         return msg
 
     # -- plumbing ------------------------------------------------------------------------
-    def _send(self, kind: str, content: dict[int, ConfigRecord], r: int) -> dict[int, Message]:
+    def _send(self, kind: str, content: dict[int, ConfigRecord], r: int, into: Optional[list] = None) -> dict[int, Message]:
         """Send ``content`` to its clients; the first acceptable reply of each (others are
         rejected: unknown sender, second reply, another message type, an error reply,
         none at all). Raises only when every reply that came is an error reply (a broken
@@ -429,23 +461,24 @@ class FlowerRun:
             c = by_node.get(rep.metadata.src_node_id)
             if c is None or c not in content:
                 self._reject("sender", c if c is not None else f"node {rep.metadata.src_node_id}", r,
-                             f"a reply to {kind!r} from a node that was not asked")
+                             f"a reply to {kind!r} from a node that was not asked", into)
                 continue
             if c in seen:
-                self._reject("duplicate", c, r, f"a second reply to {kind!r}")
+                self._reject("duplicate", c, r, f"a second reply to {kind!r}", into)
                 continue
             seen.add(c)
             if rep.metadata.message_type != kind:
-                self._reject("kind", c, r, f"a {str(rep.metadata.message_type)[:40]!r} reply to a {kind!r} message")
+                self._reject("kind", c, r, f"a {str(rep.metadata.message_type)[:40]!r} reply to a {kind!r} message",
+                             into)
             elif rep.has_error():
                 errors[c] = str(rep.error.reason)
-                self._reject("error", c, r, errors[c][:200])
+                self._reject("error", c, r, errors[c][:200], into)
             elif not rep.has_content():
-                self._reject("wire", c, r, "a reply without content")
+                self._reject("wire", c, r, "a reply without content", into)
             else:
                 out[c] = rep
         for c in sorted(set(content) - seen):
-            self._reject("missing", c, r, f"no reply to {kind!r} within {self.timeout} s")
+            self._reject("missing", c, r, f"no reply to {kind!r} within {self.timeout} s", into)
         if errors and len(errors) == len(seen):
             c = min(errors)
             raise RuntimeError(f"round {r}: every client that replied to {kind!r} failed; client {c}: {errors[c]}")
@@ -482,56 +515,88 @@ class FlowerRun:
         if missing:
             raise RuntimeError(f"no SuperNode holds clients {missing[:10]}; start one per partition-id 0..{n - 1}")
 
-    # -- the round loop --------------------------------------------------------------------
-    def run(self) -> list[dict[str, Any]]:
-        exp, sim = self.exp, self.sim
-        self.connect()
-        log = RunLog.open(exp) if self.write else None
-        try:
-            return self._run(log)
-        finally:
-            if log is not None:  # the run folder's lock (lowband.engine.runlock)
-                log.release()
+    # -- one step (the round loop's backend protocol: lowband.engine.rounds.Backend) --------------
+    def step_places(self, step: Step, round: int, plan: Any, codecs: Any, seed: int, policy: Any, faults: Any,
+                    late: Any, first: bool, last: bool, acks: list) -> list[Summary]:
+        """Deliver the previous step's messages, run ``step`` (the server's part here, the
+        clients' on their SuperNodes), encode and route what it sent. Returns the one
+        place's ``(records, refusals, divergences, acks)`` (see :func:`lowband.engine.rounds.send`)."""
+        if first:
+            self._server_inbox, self._client_inbox, self._sent = [], {}, {}
+        self._refusals = []
+        r = round
+        actors = [int(a) for a in step.actors]
+        clients = [a for a in actors if a != SERVER]
+        server_out = self._server_step(step, r, plan, self._server_inbox) if SERVER in actors else None
+        replies = self._client_step(step, r, clients) if clients else {}
+        self._server_inbox, self._client_inbox = [], {}
+        records: list[Record] = []
+        if server_out is not None:
+            records += self._route_server(server_out, r, faults, late, last)
+        for c in sorted(replies):
+            records += self._take_reply(c, replies[c], r, faults, late)
+        self._screen(r)
+        return [Summary(records, self._refusals, [], [])]
 
-    def _run(self, log: Optional[RunLog]) -> list[dict[str, Any]]:
-        exp, sim = self.exp, self.sim
-        if log is not None:
-            log.truncate_after(-1)
-            flwr_log(INFO, "lowband: %s (%s, %d clients, %d rounds) -> %s", exp.name, exp.algorithm.name,
-                     sim.num_nodes, exp.rounds, log.dir.resolve())
-        ex = sim.executor
-        torch.manual_seed(derive_seed(exp.seed, "torch", "init", SERVER))
-        ex.states = {SERVER: sim.alg.init_server(ex.context(SERVER, 0, sim.topology.plan(0)))}
-        metrics: list[dict[str, Any]] = []
-        decay = DecayWatch(sim.main_metric)  # warns, as `lowband run` does, when the run unlearns
-        chance = ChanceWatch(sim.main_metric, sim.fed.num_classes, exp.rounds)  # ... or never leaves chance
+    def apply_acks(self, codecs: Any, seed: int, policy: Any, acks: list) -> None:
+        """(Stateless codecs only: the adapter refuses EF21 and other sender state.)"""
 
-        def emit(r: int, plan: Any) -> None:
-            rec = self.evaluate(r, plan)
-            metrics.append(rec)
-            decay.check(rec)
-            chance.check(rec)
-            if log is not None:
-                log.log_metrics(rec)
+    def _client_step(self, step: Step, r: int, clients: list[int]) -> dict[int, list[Any]]:
+        """Ask each client to run ``step`` on its inbox; the message bytes of each reply."""
+        method = _method_name(self.sim, step)
+        content = {}
+        for c in clients:
+            inbox = sorted(self._client_inbox.get(c, []), key=lambda p: (p.src, p.index))
+            rec: dict[str, Any] = {"round": r, "step": step.name, "fn": method, "n-in": len(inbox)}
+            if inbox:
+                rec["in"] = [p.data for p in inbox]
+                rec["in-src"] = [p.src for p in inbox]
+            content[c] = ConfigRecord(rec)
+        return {c: self._train_payload(c, rep, r) for c, rep in self._send("train", content, r).items()}
 
-        if exp.eval.at_round0:
-            emit(0, sim.topology.plan(0))
-        for r in range(1, exp.rounds + 1):
-            t0 = time.perf_counter()
-            plan = sim.topology.plan(r - 1)
-            self.play_round(r, plan)
-            if r % exp.eval.every == 0 or r == exp.rounds:
-                emit(r, plan)
-            if log is not None:
-                log.log_timing({"round": r, "round_s": round(time.perf_counter() - t0, 4)})
-        if log is not None:
-            log.write_summary(summarize(
-                metrics, main=sim.main_metric, target=exp.eval.target,
-                extra={"name": exp.name, "algorithm": exp.algorithm.name, "dataset": exp.data.dataset,
-                       "model": exp.model.name, "model_params": sim.model_size, "num_nodes": sim.num_nodes,
-                       "num_classes": sim.fed.num_classes, "seed": exp.seed, "protocols": sim.protocols,
-                       "backend": "flower", **sim.ledger_summary(), **chance.summary()}))
-        return metrics
+    def _route_server(self, out: Outbox, r: int, faults: Any, late: Any, last: bool) -> list[Record]:
+        """Encode the server's outbox (as the engine's round loop does:
+        :func:`lowband.engine.rounds.send`) and hold each message for its clients' next step."""
+        for dsts, m in out.items:
+            for d in dsts:
+                self._sent.setdefault(int(d), {}).update({k: (tuple(v.shape), v.dtype) for k, v in m.tensors.items()})
+        records, items, _ = send(self.net, r, {SERVER: out}, last=last)
+        for item in items:
+            for d in faults.deliverable(SERVER, item.dsts):  # downlinks are never late
+                self._client_inbox.setdefault(d, []).append(_Pending(SERVER, item.key[1], item.data))
+        return records
+
+    def _take_reply(self, c: int, data_list: list[Any], r: int, faults: Any, late: Any) -> list[Record]:
+        """Client ``c``'s messages, each decoded and checked, counted, and held for the
+        server's next step (a refused one is counted as ``"rejected"``)."""
+        records: list[Record] = []
+        kinds: set[str] = set()
+        for i, data in enumerate(data_list):
+            size = len(data) if isinstance(data, (bytes, bytearray)) else 0
+            try:
+                if i >= MAX_MESSAGES:  # not even decoded
+                    raise Rejected("duplicate", f"message {i + 1} of one reply (at most {MAX_MESSAGES})")
+                msg = self._receive(data, c)
+                if msg.kind in kinds:  # exactly one message of a kind per client and step counts
+                    raise Rejected("duplicate", f"a second {msg.kind!r} message in one reply")
+            except Rejected as e:
+                self._reject(e.reason, c, r, e.detail)
+                records.append(Record(c, i, (SERVER,), "up", "rejected", size, 0))
+                continue
+            kinds.add(msg.kind)
+            records.append(Record(c, i, (SERVER,), "up", msg.kind, size, 0))
+            if faults.deliverable(c, (SERVER,)) and (c, i, SERVER) not in late:
+                msg.meta = StrictMeta(c, msg.meta)
+                self._server_inbox.append(Envelope(c, msg))
+        return records
+
+    def _screen(self, r: int) -> None:
+        """The receivers' norm screening (:meth:`Network.screen`), as the engine's delivery does."""
+        net, saved = self.net, self.net.rejections
+        net.rejections = []
+        self._server_inbox = net.screen(r, {SERVER: self._server_inbox})[SERVER]
+        self._refusals += net.rejections
+        net.rejections = saved
 
     def _server_step(self, step: Step, r: int, plan: Any, inbox: list[Envelope]) -> Outbox:
         """Run a server step on the checked inbox. A client message lacking a metadata key
@@ -564,68 +629,13 @@ class FlowerRun:
             return []
         return data
 
-    def play_round(self, r: int, plan: Any) -> None:
-        """The round's steps: server steps here, client steps on the SuperNodes; every
-        message as wire bytes, counted in the ledger in lowband's order."""
-        sim, ex, ledger = self.sim, self.sim.executor, self.sim.ledger
-        server_inbox: list[Envelope] = []
-        client_inbox: dict[int, list[_Pending]] = {}
-        self._sent = {}
-        for step in sim.alg.steps(r, plan):
-            actors = [int(a) for a in step.actors]
-            clients = [a for a in actors if a != SERVER]
-            replies: dict[int, list[Any]] = {}
-            server_out = None
-            if SERVER in actors:
-                server_out = self._server_step(step, r, plan, server_inbox)
-            if clients:
-                method = _method_name(sim, step)
-                content = {}
-                for c in clients:
-                    inbox = sorted(client_inbox.get(c, []), key=lambda p: (p.src, p.index))
-                    rec: dict[str, Any] = {"round": r, "step": step.name, "fn": method, "n-in": len(inbox)}
-                    if inbox:
-                        rec["in"] = [p.data for p in inbox]
-                        rec["in-src"] = [p.src for p in inbox]
-                    content[c] = ConfigRecord(rec)
-                for c, rep in self._send("train", content, r).items():
-                    replies[c] = self._train_payload(c, rep, r)
-            # route in lowband's order: the server first, then clients by id, outbox order
-            server_inbox, client_inbox = [], {}
-            if server_out is not None:
-                for dsts, m in server_out.items:
-                    for d in dsts:
-                        self._sent.setdefault(int(d), {}).update(
-                            {k: (tuple(v.shape), v.dtype) for k, v in m.tensors.items()})
-                # encoded and counted as in the engine's round loop (lowband.engine.rounds.send)
-                records, items, _ = send(self.net, r, {SERVER: server_out})
-                append_records(ledger, r, records)
-                for (_, index), dsts, data, _, _ in items:
-                    for d in dsts:
-                        client_inbox.setdefault(d, []).append(_Pending(SERVER, index, data))
-            for c in sorted(replies):
-                kinds: set[str] = set()
-                for i, data in enumerate(replies[c]):
-                    size = len(data) if isinstance(data, (bytes, bytearray)) else 0
-                    try:
-                        if i >= MAX_MESSAGES:  # not even decoded
-                            raise Rejected("duplicate", f"message {i + 1} of one reply (at most {MAX_MESSAGES})")
-                        msg = self._receive(data, c, r)
-                        if msg.kind in kinds:  # exactly one message of a kind per client and step counts
-                            raise Rejected("duplicate", f"a second {msg.kind!r} message in one reply")
-                    except Rejected as e:
-                        self._reject(e.reason, c, r, e.detail)
-                        ledger.record(r, c, SERVER, "up", "rejected", size, 0)
-                        continue
-                    kinds.add(msg.kind)
-                    ledger.record(r, c, SERVER, "up", msg.kind, size, 0)
-                    msg.meta = StrictMeta(c, msg.meta)
-                    server_inbox.append(Envelope(c, msg))
-
+    # -- evaluation ------------------------------------------------------------------------
     def evaluate(self, r: int, plan: Any) -> dict[str, Any]:
+        """The protocols' metrics: ``global`` here, ``personal`` and ``node_global`` by an
+        ``evaluate`` message to every client (refused replies go to the run's rejections)."""
         sim, ex, alg = self.sim, self.sim.executor, self.sim.alg
-        rec: dict[str, Any] = {"round": r}
-        bs = self.exp.eval.batch_size
+        rec: dict[str, Any] = {}
+        bs = sim.exp.eval.batch_size
         if "global" in sim.protocols:
             res = ex.map_nodes(partial(_eval_server, alg=alg, test=(sim.fed.global_test_x, sim.fed.global_test_y), bs=bs),
                                [SERVER], r, plan)[SERVER]
@@ -633,30 +643,61 @@ class FlowerRun:
                 rec["global/acc"], rec["global/loss"] = res[0], res[1]
         on_clients = [p for p in sim.protocols if p in ("personal", "node_global")]
         if on_clients:
-            base: dict[str, Any] = {"round": r, "protocols": on_clients}
-            if "personal" in on_clients and not alg.personalized and alg.has_server:
-                wire = _wire_params(alg.server_params(ex.states[SERVER]))
-                if wire is not None:
-                    base["server-params"] = wire
-            reps = self._send("evaluate", {c: ConfigRecord(dict(base)) for c in range(sim.num_nodes)}, r)
-            res = []
-            for c in sorted(reps):
-                try:
-                    got = reps[c].content["metrics"] if "metrics" in reps[c].content else {}
-                    res.append(check_eval(got, on_clients, self.n_test[c]))
-                except Rejected as e:
-                    self._reject(e.reason, c, r, e.detail)
-            # the aggregation of lowband.engine.evaluation, on the same per-node numbers
-            if "personal" in on_clients and res:
-                rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
-                                            [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
-            if "node_global" in on_clients and res:
-                rec.update(node_global_summary([m["node_global/acc"] for m in res],
-                                               [m["node_global/loss"] for m in res]))
-        rec.update(sim.byte_record(r))
-        rec.update({f"alg/{k}": float(v) for k, v in (alg.round_metrics(ex.states[SERVER]) or {}).items()})
-        rec.update(self.rejection_record())
+            rec.update(self._evaluate_clients(r, on_clients))
         return rec
+
+    def _evaluate_clients(self, r: int, on_clients: list[str]) -> dict[str, Any]:
+        """``personal`` / ``node_global`` from an ``evaluate`` message to every client."""
+        sim, ex, alg = self.sim, self.sim.executor, self.sim.alg
+        base: dict[str, Any] = {"round": r, "protocols": on_clients}
+        if "personal" in on_clients and not alg.personalized and alg.has_server:
+            wire = _wire_params(alg.server_params(ex.states[SERVER]))
+            if wire is not None:
+                base["server-params"] = wire
+        into = self.net.rejections  # collected with the round's (lowband.engine.observers.incidents)
+        reps = self._send("evaluate", {c: ConfigRecord(dict(base)) for c in range(sim.num_nodes)}, r, into)
+        res = []
+        for c in sorted(reps):
+            try:
+                got = reps[c].content["metrics"] if "metrics" in reps[c].content else {}
+                res.append(check_eval(got, on_clients, self.n_test[c]))
+            except Rejected as e:
+                self._reject(e.reason, c, r, e.detail, into)
+        return _client_summaries(on_clients, res) if res else {}
+
+
+def _client_summaries(on_clients: list[str], res: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregation of :mod:`lowband.engine.evaluation`, on the clients' per-node numbers."""
+    rec: dict[str, Any] = {}
+    if "personal" in on_clients:
+        rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
+                                    [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
+    if "node_global" in on_clients:
+        rec.update(node_global_summary([m["node_global/acc"] for m in res], [m["node_global/loss"] for m in res]))
+    return rec
+
+
+class FlowerRun:
+    """The ServerApp side of one run: lowband's round driver with a :class:`FlowerBackend`,
+    so the run folder (metrics.jsonl, ledger.csv, summary.json, timing.jsonl) is what
+    ``lowband run`` writes for the same config."""
+
+    def __init__(self, exp: Experiment, grid: Grid, *, timeout: float = 3600.0, write: bool = True,
+                 observers: Any = ()):
+        self.exp = exp
+        # its own simulation: never shares states with an in-process client
+        self.sim = Simulation(_in_process(exp), write=write, observers=observers,
+                              backend=lambda sim: FlowerBackend(sim, grid, timeout))
+        _check_exportable(self.sim)
+        self.backend: FlowerBackend = self.sim.backend
+
+    def run(self) -> list[dict[str, Any]]:
+        exp, sim = self.exp, self.sim
+        self.backend.connect()
+        if sim.write:
+            flwr_log(INFO, "lowband: %s (%s, %d clients, %d rounds) -> %s", exp.name, exp.algorithm.name,
+                     sim.num_nodes, exp.rounds, exp.run_dir().resolve())
+        return sim.run().metrics
 
 
 def server_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path] = None,

@@ -1,0 +1,75 @@
+"""Checkpoints and ``resume=True``: a killed run continues to the identical result.
+
+:class:`Checkpoint` (the last observer) writes ``checkpoint.pt`` every
+``checkpoint_every`` rounds and at the last: the round, every node's state (from where it
+lives), the ledger, the senders' codec states (error-feedback residuals, warm starts) and
+each observer's :meth:`~lowband.engine.observers.base.Observer.checkpoint_state`.
+:class:`Resume` (the first observer) reads it back when the run starts: states, ledger,
+codec states, every observer's :meth:`~lowband.engine.observers.base.Observer.restore`;
+the run folder's logs are cut back to the checkpoint's round (to nothing for a fresh run
+or a resume without a checkpoint) and ``run.start`` / ``run.metrics`` say where the run
+stands, for the observers after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lowband.device import is_cpu, to_device
+from lowband.engine.observers.base import Observer, Round, Run
+
+__all__ = ["Resume", "Checkpoint"]
+
+
+def codec_states(sim: Any) -> dict[str, Any]:
+    """The senders' codec states, from where they live (a distributed executor's workers,
+    else this process's network)."""
+    get = getattr(sim.executor, "codec_state_dict", None)
+    return get() if get is not None else sim.network.codec_state_dict()
+
+
+def load_codec_states(sim: Any, sd: dict[str, Any]) -> None:
+    load = getattr(sim.executor, "load_codec_state_dict", None)
+    if load is not None:
+        load(sd)
+    else:
+        sim.network.load_codec_state_dict(sd)
+
+
+class Resume(Observer):
+    def on_run_start(self, run: Run) -> None:
+        log, sim = run.log, run.sim
+        if log is None:
+            return
+        ckpt = None
+        if sim.resume:
+            # no longer a finished run (a restart rewrites its rounds, an extension adds some):
+            # a summary left from before would call it finished, and its rounds lost while it runs
+            log.summary_path.unlink(missing_ok=True)
+            ckpt = log.load_checkpoint()
+        if ckpt is not None:
+            run.start = int(ckpt["round"])
+            sim.executor.load_state_dict(ckpt["states"] if is_cpu(sim.device) else to_device(ckpt["states"], sim.device))
+            sim.ledger.load_state_dict(ckpt["ledger"])
+            load_codec_states(sim, ckpt.get("codecs", {}))
+            for o in run.observers:
+                o.restore(ckpt)
+        log.truncate_after(run.start if ckpt is not None else -1)
+        run.metrics = log.metrics()
+
+
+class Checkpoint(Observer):
+    def __init__(self, every: int):
+        self.every = int(every)
+
+    def on_round_end(self, run: Run, rnd: Round) -> None:
+        r, rounds, log = rnd.number, run.exp.rounds, run.log
+        if log is None or not self.every or not (r % self.every == 0 or r == rounds):
+            return
+        sim = run.sim
+        codecs = codec_states(sim)
+        ckpt: dict[str, Any] = {"round": r, "states": sim.executor.state_dict(), "ledger": sim.ledger.state_dict(),
+                                **({"codecs": codecs} if codecs else {})}
+        for o in run.observers:
+            ckpt.update(o.checkpoint_state())
+        log.save_checkpoint(ckpt)
