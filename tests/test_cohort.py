@@ -92,6 +92,34 @@ def test_a_nodes_result_does_not_depend_on_its_cohort() -> None:
         assert all(torch.equal(alone[k], mixed[k]) for k in alone)
 
 
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_a_nodes_result_does_not_depend_on_its_cohort_on_several_threads(arch: str) -> None:
+    """With two torch threads (a config without ``threads``, a pool worker's share of the
+    cores), BLAS and oneDNN would split a cohort's batched kernels among the threads by the
+    number of nodes stacked; the cohort trains on one thread, so a node's update is still a
+    function of its own job only (what lets a Flower client, training its node alone, and a
+    two-worker pool give the serial run's bytes)."""
+    make = (lambda i, n: _job(_mlp(), i, n, batch_size=25)) if arch == "mlp" else (lambda i, n: _cnn_job(i, n, batch_size=32))
+    model = _mlp() if arch == "mlp" else build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0)
+    sizes = {0: 13, 1: 30, 2: 1, 3: 45, 4: 17, 5: 60, 6: 7}
+
+    def train(nodes: list[int]) -> dict:
+        gens = [torch.Generator().manual_seed(n) for n in nodes]
+        return train_cohort(model, [make(i, sizes[i]) for i in nodes], gens)[-1][0]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for target in (3, 5):
+            alone = train([target])
+            for others in ([0, 6], [1, 2, 4], [6, 4, 2, 1, 0]):
+                mixed = train([o for o in others if o != target] + [target])
+                assert all(torch.equal(alone[k], mixed[k]) for k in alone), (target, others)
+        assert torch.get_num_threads() == 2  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_diverging_node_stays_in_its_lane() -> None:
     model = _mlp()
     bad = _job(model, 1, 10)
