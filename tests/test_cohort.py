@@ -14,7 +14,8 @@ from torch import nn
 from conftest import digits_config
 from lowband.config import ConfigError, validate
 from lowband.engine import cohort
-from lowband.engine.cohort import SGDJob, train_cohort, unsupported
+from lowband.train import cohort as tcohort
+from lowband.train.cohort import SGDJob, train_cohort, unsupported
 from lowband.engine.simulator import Simulation
 from lowband.models import build_model
 from lowband.seeding import torch_gen
@@ -66,8 +67,8 @@ def test_cohort_equals_per_node_sgd(kw: dict, path: str, monkeypatch) -> None:
     model, job = (_mlp(), _job) if path == "mlp" else (_seq(), _seq_job)
     used: list[str] = []
     for name in ("_train_mlp", "_train_vmap"):
-        spy = (lambda f, n: lambda *a: used.append(n) or f(*a))(getattr(cohort, name), name)
-        monkeypatch.setattr(cohort, name, spy)
+        spy = (lambda f, n: lambda *a: used.append(n) or f(*a))(getattr(tcohort, name), name)
+        monkeypatch.setattr(tcohort, name, spy)
     specs = [(0, 13, {}), (1, 20, {}), (2, 3, {}), (3, 0, {}), (4, 11, {"epochs": 3}), (5, 7, {"epochs": 0})]
     ref = [job(model, i, n, **{**kw, **e}).run(model) for i, n, e in specs]
     got = train_cohort(model, [job(model, i, n, **{**kw, **e}) for i, n, e in specs])

@@ -30,7 +30,7 @@ from lowband.algorithms.base import Envelope, NodeContext, Outbox, State, regist
 from lowband.algorithms.common import LocalSGD
 from lowband.algorithms.decentralised.gossip import GossipAlgorithm
 from lowband.comm.message import Message
-from lowband.train import Params, TrainStats, batches, get_params, load_params
+from lowband.train import Params, TrainStats, batches, decayed_lr, get_params, load_params
 
 
 class DFedSAMHP(LocalSGD):
@@ -100,7 +100,7 @@ class DFedSAM(GossipAlgorithm):
 
     def train_send(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         hp = self.hp
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         params, stats = sam_train(ctx.model, state["params"], ctx.data.train_x, ctx.data.train_y,
                                   epochs=hp.local_epochs, batch_size=hp.batch_size, lr=lr, gen=ctx.rng("local"),
                                   rho=hp.rho, adaptive=hp.adaptive, momentum=hp.momentum,

@@ -36,7 +36,7 @@ from lowband.algorithms.base import Envelope, NodeContext, Outbox, State, regist
 from lowband.algorithms.common import LocalSGD
 from lowband.algorithms.decentralised.gossip import GossipAlgorithm
 from lowband.comm.message import Message
-from lowband.train import Params, batches, get_params, load_params
+from lowband.train import Params, batches, decayed_lr, get_params, load_params
 
 
 class DisPFLHP(LocalSGD):
@@ -126,7 +126,7 @@ class DisPFL(GossipAlgorithm):
         model.train()
         x, y = ctx.data.train_x, ctx.data.train_y
         n = int(y.shape[0])
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
         named = dict(model.named_parameters())
         gen = ctx.rng("local")

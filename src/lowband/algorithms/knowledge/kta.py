@@ -56,7 +56,7 @@ from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Ou
 from lowband.algorithms.common import LocalSGD
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
-from lowband.train import TrainStats, batches, get_params, load_params, predict_logits, sgd_train
+from lowband.train import TrainStats, batches, decayed_lr, get_params, load_params, predict_logits, sgd_train
 
 Params = dict[str, torch.Tensor]
 
@@ -246,7 +246,7 @@ class KTA(Algorithm):
     # -- client ---------------------------------------------------------------------
     def client_local(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         hp = self.hp
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         params, stats = sgd_train(
             ctx.model, state["params"], ctx.data.train_x, ctx.data.train_y, epochs=hp.local_epochs,
             batch_size=hp.batch_size, lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
@@ -259,7 +259,7 @@ class KTA(Algorithm):
         if not inbox:  # no teacher this round
             return state, Outbox()
         hp = self.hp
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         params, stats = distill(
             ctx.model, state["params"], require_public(ctx, "kta"), inbox[0].msg.tensors["q"],
             ctx.data.train_x, ctx.data.train_y, epochs=hp.distill_epochs, batch_size=hp.batch_size, lr=lr,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lowband.algorithms.base import NodeContext, Params
-from lowband.train import TrainStats, load_params, sgd_train
+from lowband.train import TrainStats, decayed_lr, load_params, sgd_train
 
 HEAD_PREFIX = "head."
 
@@ -95,7 +95,7 @@ def sgd_loop(
 def local_lr(ctx: NodeContext) -> float:
     """The round's learning rate (``lr * lr_decay**(round-1)``), as ``local_train`` uses."""
     hp = ctx.hp
-    return hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+    return decayed_lr(hp.lr, hp.lr_decay, ctx.round)
 
 
 def train_kwargs(ctx: NodeContext) -> dict:
