@@ -309,3 +309,39 @@ def test_cnn_run_with_cohorts(tmp_path: Path, monkeypatch) -> None:
                 assert v == b[k], k
             elif isinstance(v, float):
                 assert abs(v - b[k]) < 1e-4, k
+
+
+def test_local_sgd_step_marks_a_step_made_of_two_methods() -> None:
+    """LocalSGDStep(prepare, finish): calling it runs finish(prepare().run()); the bound
+    step is recognised as vectorisable; a subclass overriding ``finish`` keeps the mark
+    (looked up by name), one overriding the step itself drops it."""
+    from lowband.train import TrainStats
+    from lowband.train.cohort import LocalSGDStep, vectorised
+
+    model = _mlp()
+
+    class Alg:
+        def job(self, ctx, state, inbox) -> SGDJob:
+            return _job(model, 0, 12)
+
+        def reply(self, ctx, state, inbox, params, stats: TrainStats):
+            return {"params": params, "steps": stats.steps}, "out"
+
+        step = LocalSGDStep(job, reply)
+
+    class Sub(Alg):
+        def reply(self, ctx, state, inbox, params, stats):
+            return {"sub": True}, "out"
+
+    class Plain(Alg):
+        def step(self, ctx, state, inbox):
+            return {}, None
+
+    ctx = type("Ctx", (), {"model": model})()
+    state, out = Alg().step(ctx, {}, [])
+    assert out == "out" and state["steps"] == 6  # 2 epochs of ceil(12 / 5) batches
+    ref = _job(model, 0, 12).run(model)[0]
+    assert all(torch.equal(state["params"][k], ref[k]) for k in ref)
+    assert Alg.step.__name__ == "step" and vectorised(Alg().step) and not vectorised(Alg.step)
+    assert vectorised(Sub().step) and Sub().step(ctx, {}, [])[0] == {"sub": True}
+    assert not vectorised(Plain().step)

@@ -61,7 +61,6 @@ with their own client step.
 
 from __future__ import annotations
 
-import math
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
