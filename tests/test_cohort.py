@@ -14,7 +14,8 @@ from torch import nn
 from conftest import digits_config
 from lowband.config import ConfigError, validate
 from lowband.engine import cohort
-from lowband.engine.cohort import SGDJob, train_cohort, unsupported
+from lowband.train import cohort as tcohort
+from lowband.train.cohort import SGDJob, train_cohort, unsupported
 from lowband.engine.simulator import Simulation
 from lowband.models import build_model
 from lowband.seeding import torch_gen
@@ -66,8 +67,8 @@ def test_cohort_equals_per_node_sgd(kw: dict, path: str, monkeypatch) -> None:
     model, job = (_mlp(), _job) if path == "mlp" else (_seq(), _seq_job)
     used: list[str] = []
     for name in ("_train_mlp", "_train_vmap"):
-        spy = (lambda f, n: lambda *a: used.append(n) or f(*a))(getattr(cohort, name), name)
-        monkeypatch.setattr(cohort, name, spy)
+        spy = (lambda f, n: lambda *a: used.append(n) or f(*a))(getattr(tcohort, name), name)
+        monkeypatch.setattr(tcohort, name, spy)
     specs = [(0, 13, {}), (1, 20, {}), (2, 3, {}), (3, 0, {}), (4, 11, {"epochs": 3}), (5, 7, {"epochs": 0})]
     ref = [job(model, i, n, **{**kw, **e}).run(model) for i, n, e in specs]
     got = train_cohort(model, [job(model, i, n, **{**kw, **e}) for i, n, e in specs])
@@ -90,6 +91,34 @@ def test_a_nodes_result_does_not_depend_on_its_cohort() -> None:
         jobs = [_job(model, i, 9 + i) for i in others] + [_job(model, 2, 17)]
         mixed = train_cohort(model, jobs)[-1][0]
         assert all(torch.equal(alone[k], mixed[k]) for k in alone)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_a_nodes_result_does_not_depend_on_its_cohort_on_several_threads(arch: str) -> None:
+    """With two torch threads (a config without ``threads``, a pool worker's share of the
+    cores), BLAS and oneDNN would split a cohort's batched kernels among the threads by the
+    number of nodes stacked; the cohort trains on one thread, so a node's update is still a
+    function of its own job only (what lets a Flower client, training its node alone, and a
+    two-worker pool give the serial run's bytes)."""
+    make = (lambda i, n: _job(_mlp(), i, n, batch_size=25)) if arch == "mlp" else (lambda i, n: _cnn_job(i, n, batch_size=32))
+    model = _mlp() if arch == "mlp" else build_model("cnn_fmnist", num_classes=10, input_shape=(1, 28, 28), seed=0)
+    sizes = {0: 13, 1: 30, 2: 1, 3: 45, 4: 17, 5: 60, 6: 7}
+
+    def train(nodes: list[int]) -> dict:
+        gens = [torch.Generator().manual_seed(n) for n in nodes]
+        return train_cohort(model, [make(i, sizes[i]) for i in nodes], gens)[-1][0]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for target in (3, 5):
+            alone = train([target])
+            for others in ([0, 6], [1, 2, 4], [6, 4, 2, 1, 0]):
+                mixed = train([o for o in others if o != target] + [target])
+                assert all(torch.equal(alone[k], mixed[k]) for k in alone), (target, others)
+        assert torch.get_num_threads() == 2  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_diverging_node_stays_in_its_lane() -> None:
@@ -280,3 +309,39 @@ def test_cnn_run_with_cohorts(tmp_path: Path, monkeypatch) -> None:
                 assert v == b[k], k
             elif isinstance(v, float):
                 assert abs(v - b[k]) < 1e-4, k
+
+
+def test_local_sgd_step_marks_a_step_made_of_two_methods() -> None:
+    """LocalSGDStep(prepare, finish): calling it runs finish(prepare().run()); the bound
+    step is recognised as vectorisable; a subclass overriding ``finish`` keeps the mark
+    (looked up by name), one overriding the step itself drops it."""
+    from lowband.train import TrainStats
+    from lowband.train.cohort import LocalSGDStep, vectorised
+
+    model = _mlp()
+
+    class Alg:
+        def job(self, ctx, state, inbox) -> SGDJob:
+            return _job(model, 0, 12)
+
+        def reply(self, ctx, state, inbox, params, stats: TrainStats):
+            return {"params": params, "steps": stats.steps}, "out"
+
+        step = LocalSGDStep(job, reply)
+
+    class Sub(Alg):
+        def reply(self, ctx, state, inbox, params, stats):
+            return {"sub": True}, "out"
+
+    class Plain(Alg):
+        def step(self, ctx, state, inbox):
+            return {}, None
+
+    ctx = type("Ctx", (), {"model": model})()
+    state, out = Alg().step(ctx, {}, [])
+    assert out == "out" and state["steps"] == 6  # 2 epochs of ceil(12 / 5) batches
+    ref = _job(model, 0, 12).run(model)[0]
+    assert all(torch.equal(state["params"][k], ref[k]) for k in ref)
+    assert Alg.step.__name__ == "step" and vectorised(Alg().step) and not vectorised(Alg.step)
+    assert vectorised(Sub().step) and Sub().step(ctx, {}, [])[0] == {"sub": True}
+    assert not vectorised(Plain().step)

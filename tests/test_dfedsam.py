@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import digits_config
 from lowband.algorithms import ALGORITHMS
-from lowband.algorithms.decentralised.dfedsam import sam_train
+from lowband.train.sam import sam_train
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
 from lowband.models import build_model

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from conftest import digits_config
-from lowband.algorithms.knowledge.fedmd import _mae, adam_fit, stratified_subset
+from lowband.algorithms.knowledge.fedmd import _mae, stratified_subset
+from lowband.train.distill import adam_fit
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
 from lowband.train import get_params

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import digits_config
-from lowband.algorithms.knowledge.kta import distill, market
+from lowband.algorithms.knowledge.kta import market
+from lowband.train.distill import distill
 from lowband.comm.codecs import parse_codec
 from lowband.comm.message import Message
 from lowband.comm.wire import encode_message

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lowband.engine import evaluation, node_eval
-from lowband.engine.cohort import mlp_layers
+from lowband.train.cohort import mlp_layers
 from lowband.engine.node_eval import NODE_BLOCK, stacked_logits
 from lowband.models import build_model
 from lowband.train import evaluate

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowband import train
+from lowband.train import sgd as train
 from lowband.models import build_model
 from lowband.train import batches, epoch_batches, get_params, load_params, sgd_train
 

@@ -8,8 +8,8 @@ from pydantic import Field
 from torch import nn
 
 from lowband.algorithms.base import Hyperparams, NodeContext, Params
-from lowband.engine.cohort import SGDJob
-from lowband.train import LossFn, TrainStats, cross_entropy
+from lowband.train import LossFn, TrainStats, cross_entropy, decayed_lr
+from lowband.train.cohort import SGDJob
 
 
 class LocalSGD(Hyperparams):
@@ -27,14 +27,14 @@ class LocalSGD(Hyperparams):
 def round_lr(ctx: NodeContext, hp: Optional[LocalSGD] = None) -> float:
     """The local learning rate of round ``ctx.round``: ``lr * lr_decay**(round - 1)``."""
     hp = hp or ctx.hp
-    return hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+    return decayed_lr(hp.lr, hp.lr_decay, ctx.round)
 
 
 def local_job(ctx: NodeContext, params: Params, loss_fn: LossFn = cross_entropy,
               hp: Optional[LocalSGD] = None, purpose: str = "local",
               grad_hook: Optional[Callable[[nn.Module], None]] = None) -> SGDJob:
     """The local SGD :func:`local_train` runs, as a job (``job.run(ctx.model)`` runs it; the
-    executor may run many nodes' jobs as one vectorised cohort, lowband.engine.cohort)."""
+    executor may run many nodes' jobs as one vectorised cohort, lowband.train.cohort)."""
     hp = hp or ctx.hp
     return SGDJob(params=params, x=ctx.data.train_x, y=ctx.data.train_y, epochs=hp.local_epochs,
                   batch_size=hp.batch_size, lr=round_lr(ctx, hp), gen=ctx.rng(purpose), momentum=hp.momentum,

@@ -17,7 +17,7 @@ process holds all nodes or a worker holds a part of the block: the serial path a
 worker pool give byte-identical metrics (tests/test_pool.py). Against the per-node path the
 logits differ by float rounding only (tests/test_node_eval.py).
 
-Used for models :func:`lowband.engine.cohort.mlp_layers` recognises (lowband's ``MLP``
+Used for models :func:`lowband.train.cohort.mlp_layers` recognises (lowband's ``MLP``
 and ``LogReg``); any other node takes the per-node path.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from lowband.engine.cohort import mlp_layers
+from lowband.train.cohort import mlp_layers
 
 __all__ = ["NODE_BLOCK", "blockable", "map_many", "node_global_one", "stacked_logits"]
 

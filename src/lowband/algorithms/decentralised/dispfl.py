@@ -29,14 +29,14 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from lowband.algorithms.base import Envelope, NodeContext, Outbox, State, register
 from lowband.algorithms.common import LocalSGD
 from lowband.algorithms.decentralised.gossip import GossipAlgorithm
 from lowband.comm.message import Message
-from lowband.train import Params, batches, get_params, load_params
+from lowband.train import Params, decayed_lr
+from lowband.train.steps import masked_sgd_train
 
 
 class DisPFLHP(LocalSGD):
@@ -121,26 +121,10 @@ class DisPFL(GossipAlgorithm):
 
     def _train(self, ctx: NodeContext, params: Params, masks: dict[str, torch.Tensor]) -> Params:
         hp = self.hp
-        model = ctx.model
-        load_params(model, params)
-        model.train()
-        x, y = ctx.data.train_x, ctx.data.train_y
-        n = int(y.shape[0])
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        named = dict(model.named_parameters())
-        gen = ctx.rng("local")
-        for _ in range(hp.local_epochs if n else 0):
-            for idx in batches(n, hp.batch_size, gen):
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x[idx]), y[idx]).backward()
-                if hp.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
-                opt.step()
-                with torch.no_grad():
-                    for k, m in masks.items():
-                        named[k].mul_(m)
-        return get_params(model)
+        return masked_sgd_train(ctx.model, params, ctx.data.train_x, ctx.data.train_y, masks,
+                                epochs=hp.local_epochs, batch_size=hp.batch_size,
+                                lr=decayed_lr(hp.lr, hp.lr_decay, ctx.round), gen=ctx.rng("local"),
+                                momentum=hp.momentum, weight_decay=hp.weight_decay, grad_clip=hp.grad_clip)
 
     def _evolve_masks(self, ctx: NodeContext, params: Params, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         q = self.prune_rate(ctx.round)

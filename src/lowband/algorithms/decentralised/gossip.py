@@ -42,7 +42,8 @@ from lowband.algorithms.base import (Algorithm, Envelope, Hyperparams, NodeConte
                                      register)
 from lowband.algorithms.common import LocalSGD, local_job
 from lowband.comm.message import Message
-from lowband.engine.cohort import SGDJob, local_sgd_step
+from lowband.train.cohort import LocalSGDStep, SGDJob
+from lowband.train.steps import sgd_update
 from lowband.topology import RoundPlan
 from lowband.train import TrainStats, clone_params, get_params, load_params, weighted_average
 
@@ -78,8 +79,8 @@ class GossipAlgorithm(Algorithm):
         out = Outbox().broadcast(ctx.neighbors, Message("weights", params))
         return {"params": params, "loss": stats.loss}, out
 
-    #: train locally, then send (vectorisable: lowband.engine.cohort)
-    train_send = local_sgd_step("train_job", "send_trained")
+    #: train locally, then send (vectorisable: lowband.train.cohort)
+    train_send = LocalSGDStep(train_job, send_trained)
 
     def average(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         models = [state["params"]] + [e.msg.tensors for e in inbox]
@@ -153,8 +154,7 @@ class DPSGD(Algorithm):
     def mix_step(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         """Lines 3-4: x_i <- sum_j W_ij x_j - lr * g_i (uniform W over the closed neighbourhood)."""
         mixed = weighted_average([state["params"]] + [e.msg.tensors for e in inbox])
-        grad = state["grad"]
-        new = {k: v - self.hp.lr * grad[k] if k in grad else v for k, v in mixed.items()}
+        new = sgd_update(mixed, state["grad"], self.hp.lr)
         return {"params": new, "loss": state["loss"]}, Outbox()
 
 

@@ -40,7 +40,6 @@ consensus (``logit_mae``).
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import torch
@@ -49,11 +48,12 @@ from pydantic import Field
 from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, Hyperparams, NodeContext, Outbox, State, Step, register
-from lowband.algorithms.knowledge.kta import _has_bn, require_public
+from lowband.algorithms.knowledge.kta import require_public
 from lowband.comm.message import Message
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan
-from lowband.train import TrainStats, batches, evaluate, get_params, load_params, predict_logits
+from lowband.train import predict_logits
+from lowband.train.distill import adam_fit
 
 Params = dict[str, torch.Tensor]
 
@@ -94,44 +94,6 @@ def stratified_subset(y: torch.Tensor, n: int, rng: np.random.Generator) -> np.n
         take[order] += 1
     out = [rng.choice(np.flatnonzero(labels == c), t, replace=False) for c, t in zip(classes, take) if t > 0]
     return np.sort(np.concatenate(out)).astype(np.int64)
-
-
-def adam_fit(model: nn.Module, params: Params, x: torch.Tensor, target: torch.Tensor, loss_fn, *, epochs: int,
-             batch_size: int, lr: float, gen: torch.Generator, bn_skip: bool = True,
-             val: Optional[tuple[torch.Tensor, torch.Tensor]] = None, patience: int = 0,
-             min_delta: float = 0.0) -> tuple[Params, TrainStats]:
-    """Epochs of Adam from ``params``; with ``val`` (x, y) and ``patience``, Keras-style
-    early stopping on the validation accuracy (the last weights are kept)."""
-    load_params(model, params)
-    n = int(target.shape[0])
-    if n == 0 or epochs == 0:
-        return get_params(model), TrainStats(float("nan"), 0, 0)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    skip = bn_skip and _has_bn(model)
-    best, wait = -float("inf"), 0
-    total = torch.zeros((), dtype=torch.float64, device=x.device)
-    steps = seen = 0
-    for _ in range(epochs):
-        model.train()
-        for idx in batches(n, batch_size, gen):
-            if skip and idx.numel() <= 1:
-                continue
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x[idx], target[idx])
-            loss.backward()
-            opt.step()
-            total += loss.detach().double() * idx.numel()
-            seen += idx.numel()
-            steps += 1
-        if val is not None and patience > 0 and int(val[1].numel()) > 0:
-            acc = evaluate(model, None, val[0], val[1])[0]
-            if acc > best + min_delta:
-                best, wait = acc, 0
-            else:
-                wait += 1
-                if wait >= patience:
-                    break
-    return get_params(model), TrainStats(float(total) / max(seen, 1), steps, seen)
 
 
 def _ce(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -44,19 +44,19 @@ weights (``w_max``: mean over clients of the largest weight; ``w_entropy``; ``k_
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import nn
 
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, register
 from lowband.algorithms.common import LocalSGD
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
-from lowband.train import TrainStats, batches, get_params, load_params, predict_logits, sgd_train
+from lowband.train import decayed_lr, predict_logits, sgd_train
+from lowband.train.distill import distill
 
 Params = dict[str, torch.Tensor]
 
@@ -145,59 +145,6 @@ def market(z: torch.Tensor, y: torch.Tensor, *, k: int = 5, temperature: float =
     return w.to(torch.float32), q.to(torch.float32), diag
 
 
-def _has_bn(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-def distill(model: nn.Module, params: Params, ref_x: torch.Tensor, q: torch.Tensor,
-            priv_x: torch.Tensor, priv_y: torch.Tensor, *, epochs: int, batch_size: int, lr: float,
-            momentum: float, weight_decay: float, temperature: float, lam: float, gen: torch.Generator,
-            bn_skip: bool = True, grad_clip: Optional[float] = None) -> tuple[Params, TrainStats]:
-    """Stage 2: ``epochs`` passes over D_ref, each step on one D_ref batch (KL to ``q`` at
-    temperature T, scaled by T^2 and lambda) plus one private batch (CE, 1 - lambda)."""
-    load_params(model, params)
-    model.train()
-    nref, npriv = int(ref_x.shape[0]), int(priv_y.shape[0])
-    if nref == 0 or epochs == 0:
-        return get_params(model), TrainStats(float("nan"), 0, 0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    skip = bn_skip and _has_bn(model)
-    use_priv = lam < 1 and npriv > 0
-    priv_iter = iter(())
-    total = torch.zeros((), dtype=torch.float64, device=ref_x.device)
-    steps = seen = 0
-    t2 = temperature * temperature
-    for _ in range(epochs):
-        for idx in batches(nref, batch_size, gen):
-            pidx = None
-            if use_priv:
-                pidx = next(priv_iter, None)
-                if pidx is None:
-                    priv_iter = iter(batches(npriv, batch_size, gen))
-                    pidx = next(priv_iter)
-            if skip and (idx.numel() <= 1 or (pidx is not None and pidx.numel() <= 1)):
-                continue
-            opt.zero_grad(set_to_none=True)
-            xr = ref_x[idx]
-            if pidx is not None:
-                out = model(torch.cat([xr, priv_x[pidx]]))
-                out_r, out_p = out[: idx.numel()], out[idx.numel():]
-            else:
-                out_r, out_p = model(xr), None
-            kl = F.kl_div(F.log_softmax(out_r / temperature, dim=1), q[idx], reduction="batchmean")
-            loss = lam * t2 * kl
-            if out_p is not None:
-                loss = loss + (1 - lam) * F.cross_entropy(out_p, priv_y[pidx])
-            loss.backward()
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            opt.step()
-            total += loss.detach().double() * idx.numel()
-            seen += idx.numel()
-            steps += 1
-    return get_params(model), TrainStats(float(total) / max(seen, 1), steps, seen)
-
-
 def require_public(ctx: NodeContext, name: str) -> torch.Tensor:
     if ctx.public_x is None or int(ctx.public_x.shape[0]) == 0:
         raise ValueError(f"{name} needs a public reference set: set data.public_size (e.g. 2000)")
@@ -246,7 +193,7 @@ class KTA(Algorithm):
     # -- client ---------------------------------------------------------------------
     def client_local(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         hp = self.hp
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         params, stats = sgd_train(
             ctx.model, state["params"], ctx.data.train_x, ctx.data.train_y, epochs=hp.local_epochs,
             batch_size=hp.batch_size, lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
@@ -259,7 +206,7 @@ class KTA(Algorithm):
         if not inbox:  # no teacher this round
             return state, Outbox()
         hp = self.hp
-        lr = hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
+        lr = decayed_lr(hp.lr, hp.lr_decay, ctx.round)
         params, stats = distill(
             ctx.model, state["params"], require_public(ctx, "kta"), inbox[0].msg.tensors["q"],
             ctx.data.train_x, ctx.data.train_y, epochs=hp.distill_epochs, batch_size=hp.batch_size, lr=lr,

@@ -32,6 +32,7 @@ from lowband.algorithms.base import NodeContext, State, register
 from lowband.algorithms.oneshot.dense import DENSE, DenseHP, kldiv
 from lowband.algorithms.oneshot.generator import normalise
 from lowband.train import batches
+from lowband.train.steps import projected_step
 
 
 class CoBoostHP(DenseHP):
@@ -97,7 +98,7 @@ class CoBoosting(DENSE):
                 logits = torch.stack([n(x) for n in nets])
             w = w.detach().requires_grad_()
             F.cross_entropy(self._mix(w, logits), pool_y[idx]).backward()
-            w = (w.detach() - mu * torch.sign(w.grad)).clamp(0.0, 1.0)
+            w = projected_step(w.detach(), torch.sign(w.grad), mu)
         return {**state, "ens_w": w.detach()}
 
     def kd_inputs(self, ctx, x, nets, state, mean, std, gen):  # type: ignore[override]

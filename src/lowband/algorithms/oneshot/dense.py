@@ -49,6 +49,7 @@ from lowband.algorithms.oneshot.generator import DEFAULT_STATS, BNStatLoss, Gene
 from lowband.data.build import federation_of_config
 from lowband.topology import RoundPlan, Topology
 from lowband.train import Params, batches, get_params, predict_logits
+from lowband.train.steps import descend
 
 
 def kldiv(student: torch.Tensor, teacher: torch.Tensor, T: float, reduction: str = "batchmean") -> torch.Tensor:
@@ -204,11 +205,7 @@ class DENSE(Algorithm):
                 loss = self.synthesis_loss(t_out, student(xa), y, lb)
                 if loss.item() < best_cost or best is None:
                     best_cost, best = loss.item(), x.detach().clone()
-                opt.zero_grad()
-                loss.backward()
-                if hp.g_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(G.parameters(), hp.g_clip)
-                opt.step()
+                descend(opt, loss, clip=(G.parameters(), hp.g_clip) if hp.g_clip is not None else None)
         finally:
             bn_loss.close()
         return best, y
@@ -240,11 +237,7 @@ class DENSE(Algorithm):
             with torch.no_grad():
                 t = self.ensemble_logits(nets, xin, state)
             loss = kldiv(student(xin), t, self.kd_temperature())
-            opt.zero_grad()
-            loss.backward()
-            if hp.kd_clip is not None:
-                torch.nn.utils.clip_grad_norm_(student.parameters(), hp.kd_clip)
-            opt.step()
+            descend(opt, loss, clip=(student.parameters(), hp.kd_clip) if hp.kd_clip is not None else None)
             total += float(loss.detach())
             steps += 1
         return get_params(student), total / max(steps, 1)

@@ -57,6 +57,8 @@ from lowband.algorithms.oneshot.fol_prune import (
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
 from lowband.train import Params, batches, get_params, predict_logits
+from lowband.train.fit import fit, val_score
+from lowband.train.steps import descend, fit_mixture_weights
 
 #: bump when pretraining changes meaning, so that stale cache entries are never reused
 PRETRAIN_VERSION = 1
@@ -114,63 +116,6 @@ class FOLHP(OneShotHP):
 
 
 # --------------------------------------------------------------------------- training helpers
-
-
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _ce(net: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(net(x), y)
-
-
-@torch.no_grad()
-def val_score(net: nn.Module, x: torch.Tensor, y: torch.Tensor, bs: int = 2000) -> tuple[float, float]:
-    """(accuracy, -loss) of the loaded ``net`` on (x, y); a larger tuple is better."""
-    if int(y.numel()) == 0:
-        return (0.0, 0.0)
-    logits = predict_logits(net, None, x, bs)
-    return (float((logits.argmax(1) == y).float().mean()), -float(F.cross_entropy(logits, y)))
-
-
-def fit(net: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, vx: torch.Tensor, vy: torch.Tensor, *,
-        epochs: int, patience: int, lr: float, momentum: float, weight_decay: float, batch_size: int,
-        gen: torch.Generator, loss_fn: LossFn = _ce) -> tuple[Params, dict[str, float]]:
-    """SGD epochs from ``params`` with early stopping on the validation split: returns the
-    parameters of the epoch with the best validation (accuracy, -loss) (epochs >= 1), and
-    stops after ``patience`` epochs without improvement. Without validation data, the last
-    epoch. One optimiser for the whole fit (momentum carries over epochs). ``net`` is
-    moved to the data's device first (a model rebuilt from a received descriptor is made
-    on the CPU)."""
-    net.to(x.device).load_state_dict(params)
-    n = int(y.shape[0])
-    if epochs <= 0 or n == 0:
-        return {k: v.detach().clone() for k, v in params.items()}, {"epochs": 0.0, "val_acc": float("nan")}
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
-    best: Optional[Params] = None
-    best_score = (-1.0, -float("inf"))
-    bad, done = 0, 0
-    for _ in range(epochs):
-        net.train()
-        for idx in batches(n, batch_size, gen):
-            if has_bn and idx.numel() <= 1:
-                continue
-            opt.zero_grad(set_to_none=True)
-            loss_fn(net, x[idx], y[idx], idx).backward()
-            opt.step()
-        done += 1
-        if int(vy.numel()) == 0:
-            continue
-        score = val_score(net, vx, vy)
-        if score > best_score:
-            best, best_score, bad = get_params(net), score, 0
-        else:
-            bad += 1
-            if bad >= patience:
-                break
-    if best is None:
-        best = get_params(net)
-    return best, {"epochs": float(done), "val_acc": best_score[0]}
 
 
 def _hash_tensors(*ts: torch.Tensor) -> str:
@@ -369,8 +314,6 @@ class FOL(_OneShotBase):
             for idx in batches(d.n_train, hp.batch_size, gen):
                 if has_bn and idx.numel() <= 1:
                     continue
-                opt_w.zero_grad(set_to_none=True)
-                opt_g.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(net(d.train_x[idx], gates=gates), d.train_y[idx])
                 for g in groups:
                     a = gates[g["gate"]]
@@ -381,9 +324,7 @@ class FOL(_OneShotBase):
                         loss = loss + hp.lambda_p * ((a[:, None] * w - anchor) ** 2).sum() + hp.gamma_shared * lasso
                     else:
                         loss = loss + hp.gamma_unshared * lasso
-                loss.backward()
-                opt_w.step()
-                opt_g.step()
+                descend([opt_w, opt_g], loss)
                 with torch.no_grad():
                     for a in gates.values():
                         a.clamp_(0.0, 1.0)
@@ -405,17 +346,7 @@ class FOL(_OneShotBase):
 
     def fit_weights(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``w = softmax(beta)`` minimising CE of ``sum_i w_i logits_i`` (K, N, C)."""
-        k = int(logits.shape[0])
-        beta = torch.zeros(k, device=logits.device, requires_grad=True)
-        if self.hp.ensemble_steps == 0 or int(y.numel()) == 0 or k == 1:
-            return torch.softmax(beta.detach(), 0)
-        opt = torch.optim.Adam([beta], lr=self.hp.ensemble_lr)
-        for _ in range(self.hp.ensemble_steps):
-            opt.zero_grad()
-            w = torch.softmax(beta, 0)
-            F.cross_entropy(torch.einsum("k,knc->nc", w, logits), y).backward()
-            opt.step()
-        return torch.softmax(beta.detach(), 0)
+        return fit_mixture_weights(logits, y, steps=self.hp.ensemble_steps, lr=self.hp.ensemble_lr)
 
     def distill(self, ctx: NodeContext, arch: Arch, start: Params, teacher_train: torch.Tensor) -> Params:
         """Eq. 12 on the local train split: KL(softmax(A/T) || softmax(f/T)) + lambda ||theta -

@@ -1,6 +1,7 @@
 """Small pieces the personalised-FL baselines share (MOON, FedALA, FedDBE, FedAS, FedNTD,
-FedPAC, FedSPU): frozen teacher copies, base/head splits, class prototypes and a local SGD
-loop with extra trainable tensors, frozen parameters and gradient masks.
+FedPAC, FedSPU): frozen teacher copies, base/head splits, class prototypes, and the local
+SGD settings as keyword arguments of :func:`lowband.train.sgd_train` (whose ``trainable``,
+``extra`` and ``grad_hook`` serve their frozen parameters, extra tensors and masks).
 
 Everything here runs on one node with that node's own data and model (design rule 1).
 """
@@ -8,13 +9,14 @@ Everything here runs on one node with that node's own data and model (design rul
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import nn
 
 from lowband.algorithms.base import NodeContext, Params
-from lowband.train import TrainStats, load_params, sgd_train
+from lowband.algorithms.common import round_lr
+from lowband.train import load_params
 
 HEAD_PREFIX = "head."
 
@@ -64,44 +66,10 @@ def class_prototypes(feats: torch.Tensor, y: torch.Tensor, num_classes: int) -> 
     return protos, valid
 
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def sgd_loop(
-    model: nn.Module,
-    params: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    gen: torch.Generator,
-    loss_fn: LossFn,
-    trainable: Optional[Sequence[str]] = None,
-    extra: Iterable[torch.Tensor] = (),
-    grad_hook: Optional[Callable[[nn.Module], None]] = None,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    grad_clip: Optional[float] = None,
-) -> tuple[Params, TrainStats]:
-    """:func:`lowband.train.sgd_train` (plain SGD, fresh optimiser every call) with the
-    options the baselines use: ``trainable``, ``extra`` and ``grad_hook`` (see there)."""
-    return sgd_train(model, params, x, y, epochs=epochs, batch_size=batch_size, lr=lr, gen=gen,
-                     loss_fn=loss_fn, trainable=trainable, extra=extra, grad_hook=grad_hook,
-                     momentum=momentum, weight_decay=weight_decay, grad_clip=grad_clip)
-
-
-def local_lr(ctx: NodeContext) -> float:
-    """The round's learning rate (``lr * lr_decay**(round-1)``), as ``local_train`` uses."""
-    hp = ctx.hp
-    return hp.lr * hp.lr_decay ** max(ctx.round - 1, 0)
-
-
 def train_kwargs(ctx: NodeContext) -> dict:
-    """The LocalSGD settings of ``ctx.hp`` as keyword arguments of :func:`sgd_loop`."""
+    """The LocalSGD settings of ``ctx.hp`` as keyword arguments of :func:`lowband.train.sgd_train`."""
     hp = ctx.hp
-    return {"epochs": hp.local_epochs, "batch_size": hp.batch_size, "lr": local_lr(ctx),
+    return {"epochs": hp.local_epochs, "batch_size": hp.batch_size, "lr": round_lr(ctx),
             "momentum": hp.momentum, "weight_decay": hp.weight_decay, "grad_clip": hp.grad_clip}
 
 

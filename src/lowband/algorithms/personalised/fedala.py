@@ -34,6 +34,7 @@ from lowband.algorithms.common import local_train
 from lowband.algorithms.server.fedavg import FedAvg, FedAvgHP
 from lowband.algorithms.personalised._pfl import fedavg_reply
 from lowband.train import batches, load_params
+from lowband.train.steps import projected_step
 
 
 class FedALAHP(FedAvgHP):
@@ -84,7 +85,7 @@ def adaptive_local_aggregation(ctx: NodeContext, local: Params, glob: Params, we
                 loss.backward()
                 with torch.no_grad():
                     for n in top:
-                        weights[n] = torch.clamp(weights[n] - hp.eta * named[n].grad * diff[n], 0, 1)
+                        weights[n] = projected_step(weights[n], named[n].grad, hp.eta, scale=diff[n])
                         named[n].copy_(local[n] + diff[n] * weights[n])
             losses.append(float(loss.detach()))
             epochs += 1

@@ -41,12 +41,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from lowband.algorithms.personalised._pfl import base_names, class_prototypes, features_of, is_head, sgd_loop
+from lowband.algorithms.personalised._pfl import base_names, class_prototypes, features_of, is_head
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, Params, State, register
 from lowband.algorithms.common import local_train
 from lowband.algorithms.server.fedavg import FedAvg, FedAvgClientHP
 from lowband.comm.message import Message
-from lowband.train import batches, load_params, weighted_average
+from lowband.train import batches, load_params, sgd_train, weighted_average
 
 
 class FedASHP(FedAvgClientHP):
@@ -93,7 +93,7 @@ def align_base(ctx: NodeContext, own: Params, glob: Params) -> tuple[Params, boo
     x, y = ctx.data.train_x, ctx.data.train_y
     protos, valid = class_prototypes(features_of(ctx.model, own, x), y, ctx.num_classes)
 
-    aligned, _ = sgd_loop(ctx.model, glob, x, y, epochs=hp.align_epochs, batch_size=hp.align_batch_size,
+    aligned, _ = sgd_train(ctx.model, glob, x, y, epochs=hp.align_epochs, batch_size=hp.align_batch_size,
                           lr=hp.align_lr, gen=ctx.rng("align"),
                           loss_fn=partial(_alignment_loss, protos=protos, valid=valid),
                           trainable=base_names(ctx.model))

@@ -29,11 +29,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from lowband.algorithms.personalised._pfl import fedavg_reply, sgd_loop, train_kwargs
+from lowband.algorithms.personalised._pfl import fedavg_reply, train_kwargs
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, Params, State, Step, register
 from lowband.algorithms.server.fedavg import FedAvg, FedAvgHP
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
+from lowband.train import sgd_train
 
 
 class FedDBEHP(FedAvgHP):
@@ -56,7 +57,7 @@ def dbe_train(ctx: NodeContext, params: Params, client_mean: torch.Tensor, globa
         reg = torch.mean(0.5 * (running["mean"] - global_mean) ** 2)
         return F.cross_entropy(model.head(rep + bias), y) + hp.kappa * reg
 
-    out, stats = sgd_loop(ctx.model, params, ctx.data.train_x, ctx.data.train_y, gen=ctx.rng("local"),
+    out, stats = sgd_train(ctx.model, params, ctx.data.train_x, ctx.data.train_y, gen=ctx.rng("local"),
                           loss_fn=loss, extra=[bias], **train_kwargs(ctx))
     return out, bias.detach().clone(), running["mean"].detach().clone(), stats.loss
 

@@ -37,12 +37,12 @@ from pydantic import Field
 from scipy.optimize import minimize
 from torch import nn
 
-from lowband.algorithms.personalised._pfl import base_names, class_prototypes, features_of, head_names, is_head, sgd_loop, train_kwargs
+from lowband.algorithms.personalised._pfl import base_names, class_prototypes, features_of, head_names, is_head, train_kwargs
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, Params, State, Step, register
 from lowband.algorithms.server.fedavg import FedAvg, FedAvgClientHP
 from lowband.comm.message import Message
 from lowband.topology import RoundPlan
-from lowband.train import weighted_average
+from lowband.train import sgd_train, weighted_average
 
 PROTOS, VALID, H_REF = "pac.protos", "pac.proto_valid", "pac.h"
 
@@ -157,9 +157,9 @@ class FedPAC(FedAvg):
             return loss
 
         gen = ctx.rng("local")
-        params, _ = sgd_loop(ctx.model, params, x, y, epochs=hp.head_epochs, gen=gen, loss_fn=ce,
+        params, _ = sgd_train(ctx.model, params, x, y, epochs=hp.head_epochs, gen=gen, loss_fn=ce,
                              trainable=head_names(ctx.model), **kw)
-        params, stats = sgd_loop(ctx.model, params, x, y, epochs=epochs, gen=gen, loss_fn=aligned,
+        params, stats = sgd_train(ctx.model, params, x, y, epochs=epochs, gen=gen, loss_fn=aligned,
                                  trainable=base_names(ctx.model), **kw)
         protos, valid = class_prototypes(features_of(ctx.model, params, x), y, ctx.num_classes)
         tensors = dict(params)

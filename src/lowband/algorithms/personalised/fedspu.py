@@ -25,11 +25,11 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from lowband.algorithms.personalised._pfl import is_head, sgd_loop, train_kwargs
+from lowband.algorithms.personalised._pfl import is_head, train_kwargs
 from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, Params, State, register
 from lowband.algorithms.server.fedavg import FedAvg, FedAvgClientHP
 from lowband.comm.message import Message
-from lowband.train import cross_entropy
+from lowband.train import cross_entropy, sgd_train
 
 IDX = "__units"
 
@@ -167,7 +167,7 @@ class FedSPU(FedAvg):
 
         trainable = [n for n, _ in ctx.model.named_parameters()
                      if is_head(n) or any(n in names for names in groups.values())]
-        out, stats = sgd_loop(ctx.model, params, ctx.data.train_x, ctx.data.train_y, gen=ctx.rng("local"),
+        out, stats = sgd_train(ctx.model, params, ctx.data.train_x, ctx.data.train_y, gen=ctx.rng("local"),
                               loss_fn=cross_entropy, trainable=trainable, grad_hook=hook, **train_kwargs(ctx))
         up = {}
         for mod, idx in sel.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lowband.algorithms.base import Algorithm, Envelope, NodeContext, Outbox, Params, State, Step, register
 from lowband.algorithms.common import LocalSGD, local_job
-from lowband.engine.cohort import SGDJob, local_sgd_step
+from lowband.train.cohort import LocalSGDStep, SGDJob
 from lowband.topology import RoundPlan
 from lowband.train import TrainStats
 
@@ -42,5 +42,5 @@ class Local(Algorithm):
         """Keep the trained model; nothing is sent."""
         return {"params": params, "loss": stats.loss}, Outbox()
 
-    #: local SGD, nothing sent (vectorisable: lowband.engine.cohort)
-    _train = local_sgd_step("train_job", "keep_trained")
+    #: local SGD, nothing sent (vectorisable: lowband.train.cohort)
+    _train = LocalSGDStep(train_job, keep_trained)

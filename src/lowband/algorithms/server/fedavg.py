@@ -25,7 +25,7 @@ from lowband.algorithms.common import LocalSGD, local_job
 from lowband.algorithms.server.server_opt import DEFAULT_SERVER_LR, KNOB_READERS, ServerOpt, server_step, \
     trainable_names
 from lowband.comm.message import Message
-from lowband.engine.cohort import SGDJob, local_sgd_step
+from lowband.train.cohort import LocalSGDStep, SGDJob
 from lowband.topology import RoundPlan
 from lowband.train import Params, TrainStats, sub, weighted_average
 
@@ -149,8 +149,8 @@ class FedAvg(Algorithm):
                       meta={"num_examples": ctx.data.n_train})
         return {**state, "loss": stats.loss}, Outbox().send(SERVER, msg)
 
-    #: local SGD from the global model, then the reply (vectorisable: lowband.engine.cohort)
-    client_update = local_sgd_step("client_job", "client_reply")
+    #: local SGD from the global model, then the reply (vectorisable: lowband.train.cohort)
+    client_update = LocalSGDStep(client_job, client_reply)
 
 
 def _complete(received: Params, like: Params, zero: bool = False) -> Params:

@@ -1,8 +1,7 @@
-"""Shared local training and evaluation on in-memory tensors.
+"""Local SGD on in-memory tensors: minibatches, the loss hook, :func:`sgd_train`.
 
 Data lives in memory; a batch is an index slice of a seeded permutation (no DataLoader in
-the inner loop). Parameters travel as plain dicts (``state_dict`` layout, buffers
-included); one module per worker is loaded with each node's parameters in turn.
+the inner loop). One module per worker is loaded with each node's parameters in turn.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Params = dict[str, torch.Tensor]
+from lowband.train.params import Params, get_params, load_params
 
 _DIVERGED = [0]  # local trainings in this process whose loss ended non-finite (see diverged_count)
 
@@ -35,62 +34,6 @@ def diverged_count() -> int:
 
 #: loss hook: (model, inputs, targets) -> scalar loss. Default: cross-entropy.
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def get_params(model: nn.Module) -> Params:
-    """Detached copies of the module's state (parameters and buffers)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def load_params(model: nn.Module, params: Params) -> nn.Module:
-    """Load ``params`` into ``model`` (strict) and return it."""
-    model.load_state_dict(params, strict=True)
-    return model
-
-
-def clone_params(params: Params) -> Params:
-    return {k: v.detach().clone() for k, v in params.items()}
-
-
-def is_float(t: torch.Tensor) -> bool:
-    return t.is_floating_point()
-
-
-def weighted_average(items: list[Params], weights: Optional[list[float]] = None) -> Params:
-    """Weighted average of parameter dicts (weights normalised). Integer buffers such as
-    BatchNorm's ``num_batches_tracked`` are not averaged: the maximum is kept."""
-    if not items:
-        raise ValueError("weighted_average: no parameter sets to average")
-    w = torch.tensor(weights if weights is not None else [1.0] * len(items), dtype=torch.float64)
-    if (w < 0).any() or float(w.sum()) <= 0:
-        raise ValueError("weighted_average: weights must be >= 0 with a positive sum")
-    w = (w / w.sum()).tolist()
-    out: Params = {}
-    for k, v0 in items[0].items():
-        if is_float(v0):
-            acc = torch.zeros_like(v0, dtype=torch.float32)
-            for wi, p in zip(w, items):
-                acc.add_(p[k].to(torch.float32), alpha=wi)
-            out[k] = acc.to(v0.dtype)
-        else:
-            out[k] = torch.stack([p[k] for p in items]).max(dim=0).values.clone()
-    return out
-
-
-def add_scaled(a: Params, b: Params, alpha: float = 1.0) -> Params:
-    """``a + alpha * b`` on floating tensors; other tensors are taken from ``a``."""
-    return {k: (v + alpha * b[k]) if is_float(v) else v.clone() for k, v in a.items()}
-
-
-def sub(a: Params, b: Params) -> Params:
-    """``a - b`` on floating tensors (non-float tensors are taken from ``a``)."""
-    return {k: (v - b[k]) if is_float(v) else v.clone() for k, v in a.items()}
-
-
-def flatten(params: Params, names: Optional[list[str]] = None) -> torch.Tensor:
-    """Concatenate the floating tensors (or ``names``) into one vector."""
-    keys = names if names is not None else [k for k, v in params.items() if is_float(v)]
-    return torch.cat([params[k].reshape(-1).to(torch.float32) for k in keys])
 
 
 def batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool = False,
@@ -234,55 +177,3 @@ def sgd_train(
     if seen and not math.isfinite(mean_loss):
         note_divergence()
     return get_params(model), TrainStats(loss=mean_loss, steps=steps, samples=seen)
-
-
-#: A sample's logits are the same bits whichever rows share its forward pass only if its
-#: position in the pass is the same modulo ``ROW_ALIGN`` and the pass has at least
-#: ``MIN_FORWARD_ROWS`` rows: BLAS / oneDNN take other kernels for a handful of rows (on an
-#: AMD EPYC: 1-3 rows on one thread, 1-11 not a multiple of 4 on two or more) and for the
-#: tail rows of a block, whose sums round differently. :func:`predict_logits` pads short
-#: passes with zero rows and starts its passes ``eval_batch(batch_size)`` (a multiple of
-#: ``ROW_ALIGN``) apart, and the pooled evaluation starts each node's test split at a
-#: multiple of ``ROW_ALIGN``, so a node's ``personal`` score is the same bits pooled in one
-#: pass, per worker, or alone (tests/test_evaluation_speed.py, tests/test_cohort.py).
-ROW_ALIGN = 16
-MIN_FORWARD_ROWS = 32
-
-
-def eval_batch(batch_size: int) -> int:
-    """The evaluation batch actually used for ``batch_size``: rounded down to a multiple of
-    :data:`ROW_ALIGN` (at least one), so every pass starts at an aligned row."""
-    return max(ROW_ALIGN, int(batch_size) - int(batch_size) % ROW_ALIGN)
-
-
-@torch.no_grad()
-def predict_logits(model: nn.Module, params: Optional[Params], x: torch.Tensor, batch_size: int = 2000) -> torch.Tensor:
-    """Logits of the model (eval mode) on ``x``; ``params`` None uses what is loaded. Passes
-    of ``eval_batch(batch_size)`` rows, a short one zero-padded to :data:`MIN_FORWARD_ROWS`,
-    so that a sample's logits do not depend on what else shares its pass (see ``ROW_ALIGN``)."""
-    if params is not None:
-        load_params(model, params)
-    model.eval()
-    bs = eval_batch(batch_size)
-    outs = []
-    for i in range(0, int(x.shape[0]), bs):
-        chunk = x[i : i + bs]
-        n = int(chunk.shape[0])
-        if n < MIN_FORWARD_ROWS:
-            chunk = torch.cat([chunk, chunk.new_zeros((MIN_FORWARD_ROWS - n, *chunk.shape[1:]))])
-        outs.append(model(chunk)[:n])
-    return torch.cat(outs) if outs else torch.empty(0)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, params: Optional[Params], x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 2000) -> tuple[float, float, int]:
-    """(accuracy, mean cross-entropy, number of samples) of the model on ``(x, y)``."""
-    n = int(y.shape[0])
-    if n == 0:
-        return float("nan"), float("nan"), 0
-    logits = predict_logits(model, params, x, batch_size)
-    loss = float(F.cross_entropy(logits, y, reduction="mean"))
-    acc = float((logits.argmax(1) == y).float().mean())
-    return acc, loss, n
-

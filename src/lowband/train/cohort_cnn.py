@@ -18,9 +18,12 @@ draws the same masks, in the same order and shapes, from a generator holding the
 global RNG would have had (the caller's ``rngs``), so the masks are the per-node path's bit
 for bit, and the generator ends where the global RNG would (the caller restores it).
 
-**A node's result does not depend on its cohort** (bit for bit, tested): oneDNN's grouped
-convolution computes each group alike for any number of groups >= 2 (one group takes
-another kernel), so a lone node is trained beside a zero dummy.
+**A node's result does not depend on its cohort** (bit for bit, tested at one and at two
+threads): on one thread (the caller, :func:`lowband.train.cohort.train_cohort`, pins it:
+with more, oneDNN splits the work among threads by the number of groups, which changes how
+a node's sums are added) oneDNN's grouped convolution computes each group alike for any
+number of groups >= 2 (one group takes another kernel), so a lone node is trained beside a
+zero dummy.
 
 Only on a CPU (elsewhere dropout draws from the device's generator, which this cannot
 reproduce) and only for exactly :class:`~lowband.models.cnn.FedCSPackFMNISTCNN`.
