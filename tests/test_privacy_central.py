@@ -48,7 +48,9 @@ def test_output_is_clipped_sum_plus_noise_of_std_zS_over_expected_cohort() -> No
     assert noise.std().item() == pytest.approx(z * S, rel=0.01)
     assert abs(noise.mean().item()) < 4 * z * S / math.sqrt(d)
     assert stats.kstest(noise[:5000].numpy() / (z * S), "norm").pvalue > 0.01
-    assert counters["dp/noise_std"] == pytest.approx(z * S) and counters["dp/clip"] == S
+    assert rule.last["noise_std"] == pytest.approx(z * S) and rule.last["clip"] == S
+    assert counters == {"clipped": float((u.norm(dim=1) > S).sum()), "senders": 7.0}
+    assert rule.name == "dp_fedavg" and rule.min_inputs() == 1
     # noiseless: exactly the clipped sum over the expected cohort (fixed denominator)
     out0, _ = DPFedAvg(clip=S, noise_multiplier=0.0, expected_cohort=m)(Inp(u), torch.Generator().manual_seed(2))
     torch.testing.assert_close(out0, clipped.sum(0) / m)

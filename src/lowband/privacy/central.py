@@ -96,7 +96,15 @@ def clip_rows(updates: Tensor, clip: float) -> tuple[Tensor, Tensor]:
 
 
 class DPFedAvg:
-    """An aggregation rule: ``rule(inp, rng) -> (noised mean update [d], counters)``."""
+    """An aggregation rule (lowband.aggregation's ``Rule``): ``rule(inp, rng) -> (noised mean
+    update [d], counters)``; counters are counts (``clipped``, ``senders``), summed per round by
+    the hook; the round's clip and noise std are in :attr:`last` (diagnostics, not counts)."""
+
+    name = "dp_fedavg"
+
+    def min_inputs(self) -> int:
+        """One reply suffices: the fixed denominator and the noise protect it."""
+        return 1
 
     def __init__(self, clip: Optional[float], noise_multiplier: float, expected_cohort: float,
                  adaptive: Optional[AdaptiveClip] = None) -> None:
@@ -129,18 +137,15 @@ class DPFedAvg:
         clipped, norms = clip_rows(u, clip)
         noise = torch.randn(u.shape[1], generator=gen, dtype=torch.float32) * (self.z_update * clip)
         out = (clipped.sum(0) + noise) / self.m
-        counters: dict[str, float] = {
-            "dp/clip": clip,
-            "dp/noise_std": self.z_update * clip,
-            "dp/clipped_fraction": float((norms > clip).float().mean()) if len(norms) else 0.0,
-            "dp/senders": float(u.shape[0]),
-        }
+        counters: dict[str, float] = {"clipped": float((norms > clip).sum()), "senders": float(u.shape[0])}
+        self.last: dict[str, float] = {"clip": clip, "noise_std": self.z_update * clip,
+                                       "clipped_fraction": float((norms > clip).float().mean()) if len(norms) else 0.0}
         if self.adaptive is not None:
             bits = float((norms <= clip).sum())
             noisy = bits + float(torch.randn((), generator=gen)) * self.bit_noise
             frac = noisy / self.m
             self.clip = clip * math.exp(-self.adaptive.learning_rate * (frac - self.adaptive.target_quantile))
-            counters["dp/unclipped_fraction_noisy"] = frac
+            self.last["unclipped_fraction_noisy"] = frac
         return out, counters
 
     def state_dict(self) -> dict[str, float]:

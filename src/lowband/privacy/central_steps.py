@@ -71,9 +71,9 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
             for k, v in glob.items():  # integer buffers keep the global model's value
                 delta.setdefault(k, torch.zeros_like(v))
             new = self.server_apply(ctx, state, delta)
-            counters["update_norm"] = float(agg.norm())
+            diag = {**counters, **self.dp_rule.last, "update_norm": float(agg.norm())}
             return {**new, "dp_clip": float(self.dp_rule.clip), "dp_round": ctx.round,
-                    "dp_counters": {k.removeprefix("dp/"): float(v) for k, v in counters.items()}}, Outbox()
+                    "dp_counters": {k: float(v) for k, v in diag.items()}}, Outbox()
 
         def round_metrics(self, server_state: State) -> dict[str, float]:
             out = dict(super().round_metrics(server_state))
