@@ -64,3 +64,27 @@ def test_fedavg_under_secagg_learns_and_counts_the_protocol(tmp_path: Path, monk
     # advertise: 64 bytes of keys a message, plus a fixed header
     adv = kinds["secagg_advertise"]
     assert (adv["encoded"] - adv["messages"] * 64) % adv["messages"] == 0
+
+
+def test_distributed_dp_inside_secagg_runs_and_pays_bits_per_coordinate(tmp_path: Path, monkeypatch) -> None:
+    from lowband.privacy.distributed import Skellam
+
+    cfg = digits_config(tmp_path / "probe", "fedavg", rounds=1, upload="delta")
+    d = Simulation(validate(cfg)).model_size
+    results = {}
+    for bits in (12, 20):
+        sk = Skellam(clip=5.0, noise_multiplier=0.05, bits=bits, n=4, d=d)
+        run = SecAggRun(sa.SecAggParams(modulus_bits=bits, degree=2), skellam=sk)
+        monkeypatch.setitem(ALGORITHMS, "fedavg", with_secagg(ALGORITHMS["fedavg"], run))
+        sim = _run(digits_config(tmp_path / f"b{bits}", "fedavg", rounds=4, upload="delta"))
+        kinds = sim.ledger.by_kind()["secagg_masked"]
+        per = sa.payload_bytes("secagg_masked", length=sk.D, modulus_bits=bits)
+        assert per == -(-sk.D * bits // 8)
+        header = (kinds["encoded"] - kinds["messages"] * per) / kinds["messages"]
+        assert header == int(header) and 0 < header < 200
+        results[bits] = (_last(sim)["global/acc"], kinds["encoded"])
+        monkeypatch.undo()
+    assert results[12][1] < results[20][1] * 0.7  # fewer bits, fewer bytes
+    assert results[20][0] > 0.4  # learns with light noise at 20 bits
+    with pytest.raises(ValueError, match="must equal secagg.modulus_bits"):
+        SecAggRun(sa.SecAggParams(modulus_bits=32), skellam=Skellam(clip=1.0, noise_multiplier=1.0, bits=16, n=4, d=10))

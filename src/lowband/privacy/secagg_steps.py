@@ -43,6 +43,7 @@ from ..comm.message import Message
 from ..engine.cohort import local_sgd_step
 from ..topology import RoundPlan
 from . import secagg as sa
+from .distributed import Skellam
 
 #: algorithms :func:`with_secagg` serves
 SECAGG_SERVES = ("fedavg", "fedprox", "moon", "fedntd")
@@ -61,6 +62,15 @@ class SecAggRun:
     params: sa.SecAggParams = sa.SecAggParams()
     clip_range: float = DEFAULT_CLIP_RANGE
     levels_bits: Optional[int] = None
+    #: distributed DP: each client encodes its update with this Skellam mechanism instead of
+    #: the plain quantisation (its ``bits`` must equal ``params.modulus_bits``), and the server
+    #: divides the decoded sum by the mechanism's expected cohort ``n``
+    skellam: Optional[Skellam] = None
+
+    def __post_init__(self) -> None:
+        if self.skellam is not None and self.skellam.bits != self.params.modulus_bits:
+            raise ValueError(f"distributed DP: dp.bits = {self.skellam.bits} must equal secagg.modulus_bits = "
+                             f"{self.params.modulus_bits} (the noise and the sum live in the same ring)")
 
     def levels_for(self, m: int) -> int:
         if self.levels_bits is not None:
@@ -141,8 +151,12 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             names = _float_names(glob)
             upd = torch.cat([(msg.tensors[k] - glob[k] if msg.kind == "weights" else msg.tensors[k]).reshape(-1).double()
                              for k in names])
-            levels = self.secagg.levels_for(len(ctx.participants))
-            q = sa.quantise(upd, self.secagg.clip_range, levels, ctx.rng("secagg-quantise"))
+            sk = self.secagg.skellam
+            if sk is not None:
+                q = sk.encode(upd, seed=ctx.seed, round=ctx.round, node=ctx.node)
+            else:
+                levels = self.secagg.levels_for(len(ctx.participants))
+                q = sa.quantise(upd, self.secagg.clip_range, levels, ctx.rng("secagg-quantise"))
             state = {**self._clean(state), "_sa_x": torch.from_numpy(q.astype(np.int64))}
             return state, Outbox().send(SERVER, self._client(ctx, state).advertise())
 
@@ -228,6 +242,9 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             glob = state["params"]
             names = _float_names(glob)
             length = sum(glob[k].numel() for k in names)
+            sk = self.secagg.skellam
+            if sk is not None:
+                length = sk.D
             shares_b: dict[int, dict[int, int]] = {}
             shares_s: dict[int, dict[int, int]] = {}
             for e in inbox:
@@ -254,8 +271,11 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
                             total = (total - mm) & mask if w < v else (total + mm) & mask
             except sa.SecAggAbort:
                 return {**state, "secagg_aborted": int(state.get("secagg_aborted", 0)) + 1}, Outbox()
-            levels = self.secagg.levels_for(m)
-            mean = sa.dequantise_sum(total, len(ys), self.secagg.clip_range, levels) / len(ys)
+            if sk is not None:  # DP-FedAvg's fixed denominator: the expected cohort
+                mean = sk.decode_sum(total, seed=ctx.seed, round=ctx.round) / sk.n
+            else:
+                levels = self.secagg.levels_for(m)
+                mean = sa.dequantise_sum(total, len(ys), self.secagg.clip_range, levels) / len(ys)
             delta, i = {}, 0
             for k in names:
                 n = glob[k].numel()
