@@ -81,6 +81,9 @@ class CodecConfig:
     default: str = "fp32"
     by_kind: dict[str, str] = field(default_factory=dict)
     by_direction: dict[str, str] = field(default_factory=dict)
+    #: sender-side transform before the codec (local DP, lowband.privacy.transforms), e.g.
+    #: "clip(1.0)+gauss(0.5)"; "" for none
+    transform: str = ""
 
     def __post_init__(self) -> None:
         bad = [d for d in self.by_direction if d not in DIRECTIONS]
@@ -94,6 +97,10 @@ class CodecConfig:
                 codec_from_spec(spec)
             except ValueError as e:
                 raise ValueError(f"codecs.{where}: {e}") from None
+        if self.transform:
+            from ..privacy.transforms import parse_transform
+
+            parse_transform(self.transform)  # one-line ValueError naming what is wrong
 
     def spec_for(self, kind: str, direction: str) -> str:
         """The codec spec string for a message of ``kind`` on a ``direction`` link."""
@@ -175,6 +182,18 @@ class Network:
         self.in_flight: dict[tuple[int, int, str], tuple[tuple[int, int], bytes]] = {}
         #: (round, step index in the round) of the step being encoded (set by the place)
         self.step_tag: tuple[int, int] = (0, 0)
+        #: privacy hook: the sender-side transform applied before the codec (codecs.transform)
+        self.sender_transform = None
+        if codecs.transform:
+            from ..privacy.transforms import parse_transform
+
+            self.sender_transform = parse_transform(codecs.transform)
+
+    def _transformed(self, msg: Message, round: int, src: int, link: "int | str") -> Message:
+        """privacy hook: ``msg`` through the sender-side transform (local DP), if any."""
+        if self.sender_transform is None:
+            return msg
+        return self.sender_transform(msg, seed=self.seed, round=round, step=self.step_tag[1], src=src, link=link)
 
     # -- codec state (the senders' own, never sent) -----------------------------------------
     def codec_state(self, src: int, link: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -223,6 +242,7 @@ class Network:
         direction = direction or infer_direction(src, dst)
         codec = self.codec_for(msg.kind, direction)
         state = self.codec_state(src, f"{int(dst)}:{msg.kind}") if is_stateful(codec) else None
+        msg = self._transformed(msg, round, src, int(dst))
         return encode_message(msg, codec, self._gen(round, src, dst, msg.kind), state)
 
     def decode(self, data: bytes) -> tuple[Message, Codec]:
@@ -437,6 +457,7 @@ class Network:
             raise ValueError(f"codec {codec.spec}: a broadcast is encoded once per receiver under EF21 "
                              f"(Network.encode_outbox, Network.broadcast)")
         link = "bcast" if bcast else dsts[0]
+        msg = self._transformed(msg, round, src, link)
         gen = self._gen(round, src, link, msg.kind)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
         try:

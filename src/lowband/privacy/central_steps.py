@@ -1,0 +1,86 @@
+"""Central DP in real runs before the aggregation hook lands: :func:`with_central_dp`
+derives from a FedAvg-like class a subclass whose server aggregation is DP-FedAvg
+(:class:`~lowband.privacy.central.DPFedAvg`): each reply's update (weights minus the
+round's global model, or the delta) is clipped, the sum noised, divided by the expected
+cohort, and the algorithm's own server step (``server_apply``: plain FedAvg or a server
+optimiser) applies it. Nothing else of the algorithm changes.
+
+The rule's noise is addressed by ``(seed, "dp-central", round)``; the adaptive clip lives in
+the server state (``dp_clip``), so checkpoints and resumes keep it. ``round_metrics`` adds
+``dp/epsilon`` (from the run's :class:`~lowband.privacy.accountant.EpsilonTrack`) and the
+rule's counters, written as ``alg/dp/...`` by the current round loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ..algorithms.base import SERVER, Envelope, NodeContext, Outbox, State
+from ..seeding import torch_gen
+from .accountant import EpsilonTrack
+from .central import DPFedAvg, central_dp_releases
+
+
+@dataclass
+class _Input:
+    updates: torch.Tensor
+    weights: torch.Tensor
+    senders: tuple[int, ...]
+    node: int
+    round: int
+    reference: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+
+
+def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = None) -> type:
+    """A subclass of FedAvg-like ``cls`` aggregating with ``rule`` (see the module docstring)."""
+    releases = central_dp_releases(getattr(cls, "name", "?"), getattr(cls, "family", "?"))
+    if releases != 1 or not hasattr(cls, "server_apply"):
+        raise ValueError(f"dp.mechanism = \"central\" for {cls.name!r} needs the aggregation hook "
+                         f"(lowband.aggregation): its server aggregates more than one sum a round")
+
+    class Private(cls):  # type: ignore[misc, valid-type]
+        dp_rule = rule
+        dp_track = track
+
+        def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
+            if not inbox:
+                return {**state, "dp_round": ctx.round}, Outbox()
+            glob = state["params"]
+            names = sorted(k for k, v in glob.items() if v.is_floating_point())
+            ref = torch.cat([glob[k].reshape(-1).float() for k in names])
+            rows = []
+            for e in inbox:
+                t = e.msg.tensors
+                if e.msg.kind == "weights":
+                    rows.append(torch.cat([(t[k] if k in t else glob[k]).reshape(-1).float() for k in names]) - ref)
+                else:
+                    rows.append(torch.cat([(t[k] if k in t else torch.zeros_like(glob[k])).reshape(-1).float()
+                                           for k in names]))
+            inp = _Input(torch.stack(rows), torch.ones(len(rows)), tuple(e.src for e in inbox), SERVER, ctx.round, ref)
+            if "dp_clip" in state:
+                self.dp_rule.load_state_dict({"clip": float(state["dp_clip"])})
+            agg, counters = self.dp_rule(inp, torch_gen(ctx.seed, "dp-central", ctx.round))
+            delta, i = {}, 0
+            for k in names:
+                n = glob[k].numel()
+                delta[k] = agg[i:i + n].reshape(glob[k].shape).to(glob[k].dtype)
+                i += n
+            for k, v in glob.items():  # integer buffers keep the global model's value
+                delta.setdefault(k, torch.zeros_like(v))
+            new = self.server_apply(ctx, state, delta)
+            diag = {**counters, **self.dp_rule.last, "update_norm": float(agg.norm())}
+            return {**new, "dp_clip": float(self.dp_rule.clip), "dp_round": ctx.round,
+                    "dp_counters": {k: float(v) for k, v in diag.items()}}, Outbox()
+
+        def round_metrics(self, server_state: State) -> dict[str, float]:
+            out = dict(super().round_metrics(server_state))
+            out.update({f"dp/{k}": v for k, v in server_state.get("dp_counters", {}).items()})
+            if self.dp_track is not None and "dp_round" in server_state:
+                out.update(self.dp_track.metrics(int(server_state["dp_round"])))
+            return out
+
+    Private.__name__ = Private.__qualname__ = f"DP{cls.__name__}"
+    return Private
