@@ -46,8 +46,13 @@ def _check_device(spec: str, present: bool) -> None:
 def _record_runs(store: Store, made: list[tuple[str, str]]) -> None:
     """Put the record of each run folder made or reused (``(config, folder)``) in the store."""
     for cfg, folder in made:
-        if (Path(folder) / "metrics.jsonl").is_file():
+        if not (Path(folder) / "metrics.jsonl").is_file():
+            continue
+        try:
             print(f"  record  {store.put(cfg, Path(folder))}")
+        except (OSError, ValueError) as exc:  # a damaged log: its record would be a shorter run
+            print(f"  warning: {folder} not recorded: {getattr(exc, 'problem', None) or exc}; restore the file, or "
+                  f"move the folder away and run the cell again", file=sys.stderr)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

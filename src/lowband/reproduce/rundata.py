@@ -142,51 +142,68 @@ def number_text(cell: Cell, v: float, *, mean: bool = False) -> str:
     return f"{v:.4g}"
 
 
-def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> tuple[Optional[float], str]:
-    """(number, formatted) of ``cell`` from run ``d``. A run with no round done (only the
-    initial model's evaluation, e.g. one that has just started) measures nothing yet: its
-    round-0 accuracy must not read as a result."""
-    m = cell.metric
-    if d.rounds_done < 1 and not m.startswith("time/"):
-        return None, f"not measured yet (round 0 of {d.rounds_planned})"
-    if m == "rounds_to_target":
-        if d.target is None:
-            return None, "no target"
-        hit = rounds_to_target(d.metrics, d.main, d.target)
-        if hit is not None:
-            return float(hit["round"]), number_text(cell, float(hit["round"]))
-        return None, f"> {d.rounds_done}"
-    if m == "bytes_per_round":
-        b = bytes_per_round(d)
-        return (None, "n/a") if b is None else (b / 1e6, number_text(cell, b / 1e6))
-    if m == "comm_reduction":
-        b = bytes_per_round(d)
-        rb = bytes_per_round(ref) if ref is not None else None
-        if b is None or not rb:
-            return None, "n/a (reference not run)"
-        v = 100 * (1 - b / rb)
-        return v, number_text(cell, v)
-    if m.startswith("time/"):
-        key = m.split("/", 1)[1]
-        if key == "elapsed_s" and d.untimed:
+Value = tuple[Optional[float], str]
+
+
+def _number(cell: Cell, v: Optional[float], missing: str = "n/a") -> Value:
+    return (None, missing) if v is None else (float(v), number_text(cell, float(v)))
+
+
+def _rounds_to_target(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    if d.target is None:
+        return None, "no target"
+    hit = rounds_to_target(d.metrics, d.main, d.target)
+    return (None, f"> {d.rounds_done}") if hit is None else _number(cell, float(hit["round"]))
+
+
+def _bytes_per_round(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    b = bytes_per_round(d)
+    return _number(cell, None if b is None else b / 1e6)
+
+
+def _comm_reduction(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    b, rb = bytes_per_round(d), bytes_per_round(ref) if ref is not None else None
+    return _number(cell, None if b is None or not rb else 100 * (1 - b / rb), "n/a (reference not run)")
+
+
+def _time(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    key = cell.metric.split("/", 1)[1]
+    if key == "elapsed_s":
+        if d.untimed:
             return None, f"n/a ({d.untimed} of {d.rounds_done} rounds untimed)"
-        if key == "elapsed_s":
-            v = d.seconds if d.timing else None
-        else:
-            vals = [t.get(key) for t in d.timing if t.get(key) is not None]
-            v = sum(vals) / len(vals) if vals else None
-        return (None, "n/a") if v is None else (float(v), number_text(cell, float(v)))
+        return _number(cell, d.seconds if d.timing else None)
+    vals = [t[key] for t in d.timing if t.get(key) is not None]
+    return _number(cell, sum(vals) / len(vals) if vals else None)
+
+
+def _logged(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    """A metrics.jsonl key at the cell's round (or the last), in the table's unit, with its
+    decay and chance marks."""
+    m = cell.metric
     if cell.round is not None and d.rounds_done < cell.round:
         return None, ""  # the run has not reached the cell's round yet
     recs = d.metrics if cell.round is None else [r for r in d.metrics if r["round"] <= cell.round]
     if not recs or recs[-1].get(m) is None:
         return None, "n/a"
-    v = float(recs[-1][m])
-    if "acc" in m:
-        v *= 100
-    elif m.startswith(("bytes/", "declared/")):
-        v /= 1e6 if cell.paper_unit == "MB" else 1e9
+    scale = 100 if "acc" in m else 1 / (1e6 if cell.paper_unit == "MB" else 1e9) \
+        if m.startswith(("bytes/", "declared/")) else 1
+    v = float(recs[-1][m]) * scale
     return v, number_text(cell, v) + unlearned_text(cell, recs) + chance_text(cell, recs, d.classes)
+
+
+_DERIVED = {"rounds_to_target": _rounds_to_target, "bytes_per_round": _bytes_per_round,
+            "comm_reduction": _comm_reduction}
+
+
+def value(cell: Cell, d: RunData, ref: Optional[RunData]) -> Value:
+    """(number, formatted) of ``cell`` from run ``d`` (``ref``: the reference's run, for
+    ``comm_reduction``). A run with no round done (only the initial model's evaluation, e.g.
+    one that has just started) measures nothing yet: its round-0 accuracy must not read as a
+    result."""
+    timed = cell.metric.startswith("time/")
+    if d.rounds_done < 1 and not timed:
+        return None, f"not measured yet (round 0 of {d.rounds_planned})"
+    return (_time if timed else _DERIVED.get(cell.metric, _logged))(cell, d, ref)
 
 
 def chance_text(cell: Cell, recs: list[dict], classes: Optional[int]) -> str:
