@@ -49,7 +49,7 @@ it says what a real run would do with its folder (:func:`run_action`) and the CP
 still needs, timed on the store's records of its config (:func:`estimate`).
 ``--verify CELL`` re-runs a cell's config (its first ``--rounds`` rounds) in a scratch
 folder and compares every metric of every round with the store's record, naming the
-commits of both sides (:mod:`lowband.reproduce.verify`). The table goes to ``--out`` (a
+commits of both sides (:mod:`lowband.results.verify`). The table goes to ``--out`` (a
 folder, or a ``.md`` file; default ``results/PAPER_table.md``; nothing is written under
 ``docs/`` unless ``--out`` says so).
 """

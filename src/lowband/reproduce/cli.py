@@ -1,7 +1,7 @@
 """The ``lowband reproduce PAPER`` command: its options (:func:`add_parser`), where the table
 goes (:func:`output_path`) and :func:`cmd_reproduce`, which plans, runs (or dry-runs), records
 each run in the store and renders the table from the store; ``--verify CELL`` re-runs a cell
-and compares it with its record (:mod:`lowband.reproduce.verify`)."""
+and compares it with its record (:mod:`lowband.results.verify`)."""
 
 from __future__ import annotations
 
@@ -55,17 +55,39 @@ def _record_runs(store: Store, made: list[tuple[str, str]]) -> None:
                   f"move the folder away and run the cell again", file=sys.stderr)
 
 
+def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str]:
+    """``--collect``: the run folders of ``config`` on disk to record as they are: the one
+    ``seed`` runs in and, for the config's own seed, every seed folder beside it (``lowband
+    run --seeds`` makes them; their seeds count too). A folder of another config or one that
+    cannot be read is said on stderr and left out."""
+    from lowband.batch import seed_runs
+    from lowband.reproduce.plan import _not_a_run_of, run_action
+
+    plan = run_action(config, overrides, seed)
+    if plan.action == "skip":
+        print(f"  warning: {plan.reason}; not recorded", file=sys.stderr)
+    found = [plan.dir] if plan.action not in ("run", "skip") else []
+    base = plan.dir.parent if plan.dir.name.startswith("seed-") else plan.dir
+    for folder in ([] if seed is not None else seed_runs(base)):
+        foreign = _not_a_run_of(plan.exp, folder) if folder not in found else None
+        if foreign:
+            print(f"  warning: {foreign[0]}; {foreign[1]}; not recorded", file=sys.stderr)
+        elif folder not in found and (folder / "metrics.jsonl").is_file():
+            found.append(folder)
+    return [str(f) for f in found]
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     experiments = Path(args.experiments) if args.experiments else None
     cells = with_seeds(select(load_cells(args.paper, experiments=experiments), args.only),
                        getattr(args, "seeds", None))
     store = Store(Path(args.store) if args.store else default_root(), args.paper)
     if args.verify:
-        from lowband.reproduce.verify import cmd_verify
+        from lowband.results.verify import cmd_verify
 
         return cmd_verify(args, cells, store)
     if getattr(args, "device", None):
-        _check_device(args.device, present=not (args.render or args.dry_run))
+        _check_device(args.device, present=not (args.render or args.collect or args.dry_run))
     overrides = _overrides(args)
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
     plan = run_plan(cells, overrides)
@@ -83,6 +105,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if not args.render:
         made = []
         for cfg, seed in plan:
+            if args.collect:
+                made += [(cfg, f) for f in _present(cfg, overrides, seed)]
+                continue
             folder = run_config(cfg, overrides, seed=seed)
             skipped += folder is None
             made += [(cfg, folder)] if folder else []
@@ -114,8 +139,9 @@ def add_parser(sub: Any) -> None:
                                     "`device`); a run on a GPU counts GPU-hours, not CPU-hours, in the table, and "
                                     "its accuracies may differ from a CPU run's in the last digits")
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
-    p.add_argument("--render", "--collect", dest="render", action="store_true",
-                   help="run nothing; render the table from the store's records")
+    p.add_argument("--render", action="store_true", help="run nothing; render the table from the store's records")
+    p.add_argument("--collect", action="store_true", help="run nothing; record the run folders present (finished or "
+                                                          "not) in the store, then render")
     p.add_argument("--dry-run", action="store_true", help="run nothing; say what each run would do (run, resume, "
                                                           "restart, reuse or skip), its rounds and the CPU-hours left")
     p.add_argument("--verify", metavar="CELL", help="re-run CELL's config (its first --rounds rounds, else all) in a "

@@ -104,7 +104,8 @@ def commits_text(recs: dict[int, Record]) -> str:
         for c in r.commits or [None]:
             by.setdefault(c, []).append(s)
     if len(by) == 1:
-        return _short(next(iter(by)))
+        only = next(iter(by))
+        return f"commit {_short(only)}" if only else _short(only)
     parts = [f"{_short(c)} ({_seed_list(s)})" for c, s in by.items()]
     changes = sorted({f"{_short(old)}..{_short(c)}: {stat}" for r in recs.values() for c in r.commits[:1]
                       for old, stat in (r.header.get("code_change") or {}).items() if stat})
@@ -177,7 +178,9 @@ def measured_row(cell: Cell, tab: Tabulator) -> Optional[Row]:
     imp = tab.imported.get(cell.id)
     if imp is not None:
         run += f" (imported before: {imp.ours} at {imp.rounds})"
-    seeds = f"- `{cell.id}`: {', '.join(per_seed)}" if len(runs) > 1 and ours else ""
+    spent = [f" ({d.gpu_hours:.3g} GPU-h)" if d.gpu_hours else f" ({d.cpu_hours:.3g} CPU-h)" if d.cpu_hours else ""
+             for d in runs.values()]
+    seeds = f"- `{cell.id}`: {', '.join(t + h for t, h in zip(per_seed, spent))}" if len(runs) > 1 and ours else ""
     return Row(ours, _rounds_text(cell, list(runs.values())), run, seeds)
 
 
