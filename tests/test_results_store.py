@@ -232,3 +232,18 @@ def test_collect_records_only_folders_of_todays_config_with_sound_logs(
     log.write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")  # damaged before its end
     assert main([*args, "--collect"]) == 0
     assert "not recorded" in capsys.readouterr().err and stored.read_bytes() == before
+
+
+def test_a_cell_made_by_older_code_names_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """The store's FedNova Dir(0.3) record was made by the code of 5009b6e (2026-11-24): the
+    re-run here names that commit and says, per metric, how far today's code is from it."""
+    if not Path(__import__("os").environ.get("LOWBAND_DATA", "/nonexistent")).is_dir():
+        pytest.skip("needs the datasets ($LOWBAND_DATA)")
+    monkeypatch.chdir(ROOT)
+    from lowband.cli import main
+
+    rc = main(["reproduce", "fedcspack", "--verify", "table1/fmnist/dir0.3/fednova", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "made by 5009b6e" in out and "the record was made by other code (5009b6e" in out, out
+    assert rc == 0 and "equal            personal/acc_weighted" in out  # the accuracies to the digit

@@ -37,6 +37,8 @@ class Comparison:
     close: int
     different: int
     first: Optional[tuple[int, Any, Any]] = None
+    #: the largest relative difference among the rounds within tolerance
+    worst: float = 0.0
 
     @property
     def verdict(self) -> str:
@@ -59,15 +61,16 @@ def compare(old: Record, new: Record, rounds: int) -> list[Comparison]:
     out = []
     for k in keys:
         counts = {"equal": 0, "close": 0, "different": 0}
-        first = None
+        first, worst = None, 0.0
         for r in sorted(set(before) & set(now)):
-            if k not in before[r] and k not in now[r]:
-                continue
-            kind = _kind(before[r].get(k), now[r].get(k))
+            a, b = before[r].get(k), now[r].get(k)
+            kind = _kind(a, b)
             counts[kind] += 1
+            if kind == "close":
+                worst = max(worst, abs(a - b) / max(abs(a), abs(b)))
             if kind == "different" and first is None:
-                first = (r, before[r].get(k), now[r].get(k))
-        out.append(Comparison(k, counts["equal"], counts["close"], counts["different"], first))
+                first = (r, a, b)
+        out.append(Comparison(k, counts["equal"], counts["close"], counts["different"], first, worst))
     return out
 
 
@@ -96,12 +99,14 @@ def report(cell: Cell, seed: int, old: Record, new: Record, rounds: int) -> tupl
         line = f"  {c.verdict:<16} {c.key} ({c.equal} equal, {c.close} within {REL_TOL:g}, {c.different} different)"
         if c.first:
             line += f": first at round {c.first[0]}: recorded {c.first[1]!r}, now {c.first[2]!r}"
+        elif c.close:
+            line += f": largest relative difference {c.worst:.2g}"
         lines.append(line)
     same = not any(c.different for c in cmp)
     n_diff = sum(c.verdict == "different" for c in cmp)
     lines.append(f"  {'REPRODUCED' if same else 'DIFFERENT'}: {len(cmp) - n_diff} of {len(cmp)} metrics "
                  + ("equal to the digit" if not any(c.close for c in cmp) and same else "equal or within tolerance")
-                 + ("" if same or old.commits == new.commits else
+                 + ("" if old.commits == new.commits else
                     f"; the record was made by other code ({_commits(old)}; here {_commits(new)})"))
     return lines, same
 
