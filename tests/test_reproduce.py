@@ -104,9 +104,9 @@ def test_every_shipped_paper_resolves_from_a_foreign_folder(tmp_path: Path, monk
     assert main(["reproduce", "spark", "--dry-run", "--only", "ref_ntkdfl/m10/*"]) == 0
     out = capsys.readouterr().out
     assert "would run     spark/ntkdfl_ref_m10.toml -> runs/spark-fmnist-ntkdfl_ref_m10 (4 rounds; no estimate: " \
-        "nothing of this config has run here)" in out
+        "no record of this config in the store)" in out
     assert "would run     spark/ntkdfl_ref_m10_seq.toml -> " in out
-    assert out.splitlines()[-1].startswith("in all: run 2, resume 0, restart 0, reuse 0, keep 0, skip 0: ")
+    assert out.splitlines()[-1].startswith("in all: run 2, resume 0, restart 0, reuse 0, skip 0: ")
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
@@ -125,7 +125,7 @@ def test_reproduce_runs_a_shipped_cell_in_any_folder(tmp_path: Path, monkeypatch
     row = next(line for line in table.splitlines() if line.startswith(f"| {cell} |"))
     ours = row.split("|")[5].strip()
     assert 10 < float(ours) < 100 and "1/1 (at 1)" in row
-    assert "CPU-hours" in table and "in the 1 runs made of 1 configs" in table
+    assert "CPU-hours" in table and "in the 1 recorded runs of 1 configs" in table
     assert (tmp_path / "runs" / "spark-fmnist-ntkdfl_ref_m10" / "summary.json").is_file()
     assert _tree(ROOT) == before
 
@@ -174,66 +174,9 @@ def test_reproduce_resumes_interrupted_and_restarts_uncheckpointed_runs(
     # a finished run is reused; the table states its compute
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "  reuse" in out and "Compute: " in out and "in the 1 runs made of 1 configs" in out
+    assert "  reuse" in out and "Compute: " in out and "in the 1 recorded runs of 1 configs" in out
     timing = RunLog.read_jsonl(tmp_path / "runs" / "toy" / "timing.jsonl")
     assert len(timing) == 3 and all(t["round_s"] > 0 for t in timing)
-
-
-def test_collect_keeps_measured_cells_whose_run_folder_is_gone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A cleaned runs/ must not blank a table: the value stays, marked as kept."""
-    import shutil
-
-    from lowband.cli import main
-
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
-    assert main(args) == 0
-    row = lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()  # noqa: E731
-                       if line.startswith("| t/acc |"))
-    first = row()
-    value = first.split("|")[5].strip()
-    assert value and "`runs/toy`" in first
-    shutil.rmtree(tmp_path / "runs")
-    assert main([*args, "--collect"]) == 0
-    kept = row()
-    assert kept.split("|")[5].strip() == value and "kept from the previous table" in kept
-    assert main([*args, "--collect"]) == 0  # kept again, noted once
-    assert row() == kept
-    (tmp_path / "out" / "toy.md").unlink()
-    assert main([*args, "--collect"]) == 0  # nothing to keep: not run
-    assert "| not run |" in row()
-
-
-def test_collect_does_not_keep_a_value_another_config_measured(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A cell pointed at another config (another run folder) must not keep the old
-    config's value when neither folder is there: it was not measured by the new config."""
-    import shutil
-
-    import tomli_w
-
-    from lowband.cli import main
-    from lowband.config import load_toml
-
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out/toy.md"]
-    assert main(args) == 0
-    shutil.rmtree(tmp_path / "runs")
-    cfg = load_toml(papers / "toy" / "dfedavg.toml")
-    cfg["out_dir"] = "runs/toy_other"
-    (papers / "toy" / "other.toml").write_text(tomli_w.dumps(cfg))
-    spec = load_toml(papers / "toy" / "reproduce.toml")
-    spec["run"][0]["config"] = "experiments/toy/other.toml"
-    (papers / "toy" / "reproduce.toml").write_text(tomli_w.dumps(spec))
-    capsys.readouterr()
-    assert main([*args, "--collect"]) == 0
-    rows = (tmp_path / "out" / "toy.md").read_text().splitlines()
-    assert "| not run |" in next(line for line in rows if line.startswith("| t/acc |"))
-    assert "kept from the previous table" in next(line for line in rows if line.startswith("| t/time |"))
-    assert "another run folder" in capsys.readouterr().err
 
 
 def _toy_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str], Callable[[], str]]:
@@ -248,67 +191,6 @@ def _toy_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, lis
     assert main(args[:-1]) == 0
     return papers, args, lambda: next(line for line in (tmp_path / "out" / "toy.md").read_text().splitlines()
                                       if line.startswith("| t/acc |"))
-
-
-def test_collect_leaves_out_a_run_made_under_another_default(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A run folder whose saved hyperparameters differ from what the config resolves to today
-    (a default changed since it ran) is not today's config's result: the table leaves it out
-    and says why, instead of printing it as this version's number."""
-    from lowband.cli import main
-
-    _, args, row = _toy_run(tmp_path, monkeypatch)
-    assert "`runs/toy`" in row() and "not run" not in row()
-    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
-    saved = json.loads(hp.read_text())
-    saved["lr"] = saved["lr"] * 2
-    hp.write_text(json.dumps(saved))
-    (tmp_path / "out" / "toy.md").unlink()
-    capsys.readouterr()
-    assert main(args) == 0
-    assert "| left out: `runs/toy` (see the warning) |" in row()
-    err = capsys.readouterr().err
-    assert "made by another config" in err and "algorithm.lr" in err
-
-
-def test_collect_does_not_keep_an_earlier_value_when_its_folder_is_left_out(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A cell keeps the previous table's value only when its run folder is gone. A folder
-    that is there but left out (made under another config: here the config was edited in
-    place after the run; or damaged) used to let the old value stand, noted "run folder not
-    found": the table then showed the old config's number under the new config."""
-    from lowband.cli import main
-
-    _, args, row = _toy_run(tmp_path, monkeypatch)
-    assert "`runs/toy`" in row() and row().split("|")[5].strip()
-    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
-    saved = json.loads(hp.read_text())
-    saved["lr"] = saved["lr"] * 2
-    hp.write_text(json.dumps(saved))
-    capsys.readouterr()
-    assert main(args) == 0  # the previous table is there, with the value
-    cols = [c.strip() for c in row().strip().strip("|").split("|")]
-    assert cols[4] == "" and cols[6] == "left out: `runs/toy` (see the warning)", cols
-    assert "made by another config" in capsys.readouterr().err
-
-
-def test_collect_leaves_out_a_run_whose_saved_config_cannot_be_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A torn or hand-broken config.toml in a run folder says nothing about which config made
-    the run: the table must not count it as today's config's run (nor blame another config)
-    and says what is wrong with the file."""
-    from lowband.cli import main
-
-    _, args, row = _toy_run(tmp_path, monkeypatch)
-    assert "`runs/toy`" in row()
-    saved = tmp_path / "runs" / "toy" / "config.toml"
-    saved.write_text(saved.read_text()[: len(saved.read_text()) // 2] + "\n[[[\n")
-    (tmp_path / "out" / "toy.md").unlink()
-    capsys.readouterr()
-    assert main(args) == 0
-    assert "| left out: `runs/toy` (see the warning) |" in row()
-    err = capsys.readouterr().err
-    assert "config.toml cannot be read (TOMLDecodeError" in err and "another config" not in err
 
 
 # --------------------------------------------------------------------------- damaged run folders
@@ -347,14 +229,14 @@ def test_a_damaged_run_log_is_refused_with_the_line(tmp_path: Path, text: str, e
     with other values) used to make the run read as a shorter one (a line that is not JSON
     ended the read there), crash the table (a line that is not an object, no round, a
     string where a number is compared) or pass as a number (``"0.5"``): now it is an error
-    naming the line, which :func:`run_data_at` turns into a warning."""
+    naming the line, which a table's record refuses."""
     from lowband.engine.runlog import DamagedLogError
-    from lowband.reproduce import _jsonl
+    from lowband.engine.runlog import RunLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(text)
     with pytest.raises(DamagedLogError) as err:
-        _jsonl(path)
+        RunLog.read_jsonl(path)
     assert err.value.problem == error and str(err.value).startswith(f"{path} is damaged ({error}): ")
 
 
@@ -362,87 +244,16 @@ def test_a_run_log_reads_a_torn_last_line_repeated_rounds_and_non_finite_values(
     """What a kill or a resume can leave is read as lowband means it: a torn last line (no
     newline after it) is a write cut short and left out; a round logged again with the same
     values counts once; ``NaN``/``Infinity`` (older files) are null, as lowband writes them now."""
-    from lowband.reproduce import _jsonl
+    from lowband.engine.runlog import RunLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"round": 0, "a": 0.1}\n{"round": 1, "a": 0.2}\n{"round": 2, "a": 0.')
-    assert _jsonl(path) == [{"round": 0, "a": 0.1}, {"round": 1, "a": 0.2}]
+    assert RunLog.read_jsonl(path) == [{"round": 0, "a": 0.1}, {"round": 1, "a": 0.2}]
     path.write_text('{"round": 0, "a": 0.1}\n{"round": 1, "a": 0.2}\n{"round": 1, "a": 0.2}\n{"round": 2, "a": 0.3}\n')
-    assert [r["round"] for r in _jsonl(path)] == [0, 1, 2]
+    assert [r["round"] for r in RunLog.read_jsonl(path)] == [0, 1, 2]
     path.write_text('{"round": 1, "a": NaN, "b": Infinity, "c": -Infinity, "d": null}\n')
-    assert _jsonl(path) == [{"round": 1, "a": None, "b": None, "c": None, "d": None}]
-    assert _jsonl(tmp_path / "absent.jsonl") == []
-
-
-def test_collect_leaves_out_a_run_whose_metrics_are_damaged_or_lost_rounds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A metrics.jsonl with a bad line in the middle read as a run stopped before it (its
-    earlier round's value shown as the cell's), and one that lost its end while summary.json
-    says the run finished read as a run still under way: both are left out, named, on
-    stderr. A torn last line of a run with no summary (killed mid-write) is read without it."""
-    from lowband.cli import main
-
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
-    rd = tmp_path / "runs" / "toy"
-    metrics, summary = (rd / "metrics.jsonl").read_text(), (rd / "summary.json").read_text()
-    lines = metrics.splitlines()
-    assert len(lines) == 3  # rounds 0, 1, 2
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][5] == "2/2" and rows["t/acc"][4] and not err
-
-    (rd / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][4:] == ["", "", "left out: `runs/toy` (see the warning)"]
-    assert f"{Path('runs/toy/metrics.jsonl')} is damaged (line 2 is not JSON); left out of the table" in err
-
-    (rd / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])  # torn last line
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][4:6] == ["", ""] and "ends at round 1 but summary.json says 2 rounds were completed" in err
-
-    (rd / "summary.json").unlink()  # a run killed while writing round 2
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][5] == "1/2" and rows["t/acc"][4] == f"{100 * json.loads(lines[1])['consensus/acc']:.2f}"
-    assert not err
-
-    (rd / "metrics.jsonl").write_text(metrics)  # a summary behind the log: a finished run being extended
-    (rd / "summary.json").write_text(summary.replace('"rounds_completed": 2', '"rounds_completed": 1'))
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][5] == "2/2" and not err
-
-
-def test_collect_says_which_rounds_are_untimed_instead_of_counting_them_free(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """A run whose timing.jsonl is gone, torn or damaged read as "0 CPU-h" (and its
-    elapsed-time cell as the rounds that were timed): its values stand, and the table says
-    how many rounds are untimed, in the cell's *run* column and in the compute line."""
-    from lowband.cli import main
-
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
-    timing = tmp_path / "runs" / "toy" / "timing.jsonl"
-    text = timing.read_text()
-    rows, _ = _collected(papers, capsys)
-    value = rows["t/acc"][4]
-    assert "untimed" not in rows["t/acc"][6] and "untimed" not in rows["compute"][0]
-
-    timing.unlink()
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][4] == value and rows["t/acc"][6] == "`runs/toy` (0 CPU-h; 2 rounds untimed, not counted)"
-    assert rows["t/time"][4] == "n/a (2 of 2 rounds untimed)"
-    assert "1 runs have 2 rounds without timing.jsonl lines, not counted" in rows["compute"][0] and not err
-
-    timing.write_text(text[:-10])  # torn while writing round 2
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][6].endswith("CPU-h; 1 rounds untimed, not counted)") and not rows["t/acc"][6].startswith(
-        "`runs/toy` (0 CPU-h") and rows["t/time"][4] == "n/a (1 of 2 rounds untimed)" and not err
-
-    timing.write_text("garbage\n" + text)
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][4] == value and "2 rounds untimed" in rows["t/acc"][6]
-    assert f"{Path('runs/toy/timing.jsonl')} is damaged (line 1 is not JSON); the run's rounds count as untimed" in err
+    assert RunLog.read_jsonl(path) == [{"round": 1, "a": None, "b": None, "c": None, "d": None}]
+    assert RunLog.read_jsonl(tmp_path / "absent.jsonl") == []
 
 
 def test_collect_reads_a_run_extended_past_the_configs_rounds_at_those_rounds(
@@ -465,23 +276,3 @@ def test_collect_reads_a_run_extended_past_the_configs_rounds_at_those_rounds(
     assert rows["t/acc"][5] == "3/3" and rows["t/at3"][4] == rows["t/acc"][4] != at2["t/acc"][4]
 
 
-def test_collect_leaves_out_a_run_whose_saved_hyperparams_cannot_be_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """An absent hyperparams.json is a run made before lowband saved them (compared on
-    today's defaults); a torn or non-object one used to be taken for that too, so a run
-    whose defaults cannot be told passed as today's config's: now it is left out, named."""
-    from lowband.cli import main
-
-    papers = _toy(tmp_path, rounds=2)
-    monkeypatch.chdir(tmp_path)
-    assert main(["reproduce", "toy", "--experiments", str(papers), "--out", "out"]) == 0
-    hp = tmp_path / "runs" / "toy" / "hyperparams.json"
-    for text, error in (('{"algorithm": "dfed', "JSONDecodeError: Unterminated string"),
-                        ("[1]", "ValueError: not a JSON object but list")):
-        hp.write_text(text)
-        rows, err = _collected(papers, capsys)
-        assert rows["t/acc"][6] == "left out: `runs/toy` (see the warning)"
-        assert f"{Path('runs/toy/hyperparams.json')} cannot be read ({error}" in err and "left out" in err
-    hp.unlink()
-    rows, err = _collected(papers, capsys)
-    assert rows["t/acc"][6].startswith("`runs/toy` (") and not err

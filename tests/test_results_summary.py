@@ -1,11 +1,11 @@
 """docs/results/README.md quotes the generated tables, not numbers typed from memory.
 
 The summary page's "Headline cells" table is what a reviewer reads first; its `lowband`
-column must be the value that `lowband reproduce PAPER --collect` (or KTA's
-``experiments/kta/write_table.py``) wrote into a results table, with the seed count the
-table records. A headline retyped by hand drifts from the table when a seed lands (the
-helper audit of stop 34 found such drift in the prose of the pages); this test fails when
-a mean ± std, or a single-seed value, has no matching cell.
+column must be the value a results table holds (rendered from the store by `lowband
+reproduce PAPER --render`, or KTA's ``experiments/kta/write_table.py``), with the seed count
+the table records. A headline retyped by hand drifts from the table when a seed lands (an
+audit on 2026-11-28 found such drift in the prose of the pages); this test fails when a
+mean ± std, or a single-seed value, has no matching cell.
 """
 
 from __future__ import annotations

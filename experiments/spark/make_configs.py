@@ -29,7 +29,7 @@ HEADLINE_SEEDS = [0, 1, 2]
 
 #: alg. 2's schedule as the spec gives it (alpha 1 -> 0.3 cosine, T 1 -> 3)
 SPEC_SCHEDULE = {"alpha_final": 0.3, "temp_final": 3.0}
-#: the schedule SPARK defaults to since stop 27 (the 30-node sweep's; the spec's unlearns at
+#: the schedule SPARK defaults to since commit 559b940 (2026-11-25) (the 30-node sweep's; the spec's unlearns at
 #: paper size), pinned in the configs of the SPARK rows of tables 1-3 so that they keep
 #: meaning what was run if the default moves again
 DEFAULT_SCHEDULE = {"alpha_final": 0.7, "temp_final": 1.0}

@@ -337,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lowband.reproduce import add_parser as add_reproduce  # lowband reproduce PAPER
 
     add_reproduce(sub)
+    from lowband.results.cli import add_parser as add_record  # lowband record import RUN
+
+    add_record(sub)
     return p
 
 

@@ -94,7 +94,7 @@ class DecayWatch:
     """Warns once when the main accuracy has fallen from what the run reached and stays
     there: the median of the last :data:`DECAY_WINDOW` evaluations (round 0 left out) is more
     than :data:`DECAY_DROP` under the best such median so far (see the module docstring).
-    Replayed over the 99 run folders behind docs/results (stop 26), it fires on two: SPARK
+    Replayed over the 99 run folders behind docs/results (commit 0a8753e, 2026-11-25), it fires on two: SPARK
     at paper size (round 26) and FedDBE on pathological FMNIST (79.3% after round 1, 55.0%
     from round 42; round 17), and on none of the runs that swing and recover. Only metrics
     named ``*acc*`` are watched: a loss or a byte count has no "best" to fall from."""

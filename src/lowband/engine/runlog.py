@@ -46,10 +46,12 @@ class DamagedLogError(RunDirError, ValueError):
 
 def _log_record(rec: Any) -> dict[str, Any]:
     """``rec`` if it is a log record (an object with an integer ``round`` whose values are
-    numbers or null), else ValueError saying what it is not."""
+    numbers or null, but timing's ``commit``, a string), else ValueError saying what it is not."""
     if not isinstance(rec, dict) or isinstance(rec.get("round"), bool) or not isinstance(rec.get("round"), int):
         raise ValueError("not an object with an integer 'round'")
     for k, v in rec.items():
+        if k == "commit" and isinstance(v, str):
+            continue
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ValueError(f"{k} is {v!r}, not a number")
     return rec
@@ -369,7 +371,11 @@ class RunLog:
         self.append(self.metrics_path, rec)
 
     def log_timing(self, rec: dict[str, Any]) -> None:
-        self.append(self.timing_path, rec)
+        """A round's timing line, with the commit of the code that computed it (the run
+        record's per-round commit, :func:`lowband.results.record.code_commit`)."""
+        from lowband.results.record import code_commit
+
+        self.append(self.timing_path, {**rec, "commit": code_commit()})
 
     @staticmethod
     def read_jsonl(path: Path) -> list[dict[str, Any]]:

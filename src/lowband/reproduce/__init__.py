@@ -39,20 +39,19 @@ any folder. A ``config`` path ``experiments/X/Y.toml`` is read from that folder.
 Every config runs once however many cells use it, in its own run folder (the config's
 ``out_dir``, else ``runs/<name>``, relative to the current folder): a finished run is
 reused, an interrupted one is resumed from its checkpoint (or restarted from round 0 when
-it was killed before its first checkpoint; each seed likewise), and ``--rounds N``
-shortens (or extends) runs;
-the table says how many rounds each number comes from, reading every run up to the rounds
-asked (the config's, or ``--rounds``), also a run extended past them. ``--collect`` only
-tabulates what exists; a folder whose logs or saved config are damaged (:func:`run_data_at`)
-is left out, with one line on stderr saying which file and what to do, and rounds without
-timing are said to be untimed, not counted as free.
-``--dry-run`` runs and writes nothing: for every run it says what a real run would do
-with its folder (:func:`run_action`, which :func:`run_config` acts on) and the CPU-hours it
-still needs, timed on the folder's own rounds or on the config's other seed runs
-(:func:`estimate`), then the totals. The table goes to ``--out`` (a folder, or a ``.md`` file; default
-``results/PAPER_table.md``; nothing is written under ``docs/`` unless ``--out`` says so)
-and its header states the compute its runs took (including the compute recorded for
-cells kept from the previous table).
+it was killed before its first checkpoint), and ``--rounds N`` shortens (or extends) runs.
+Each run made or reused is then recorded in the results store (``--store``, default
+``docs/results/records`` in a checkout: ``STORE/PAPER/<config>/seed-<s>.jsonl``, see
+:mod:`lowband.results.store`), and the table is rendered from the store alone
+(:func:`table_markdown`): run folders may be deleted, the page stays the same.
+``--render`` runs nothing and renders; ``--dry-run`` runs and writes nothing: for every run
+it says what a real run would do with its folder (:func:`run_action`) and the CPU-hours it
+still needs, timed on the store's records of its config (:func:`estimate`).
+``--verify CELL`` re-runs a cell's config (its first ``--rounds`` rounds) in a scratch
+folder and compares every metric of every round with the store's record, naming the
+commits of both sides (:mod:`lowband.results.verify`). The table goes to ``--out`` (a
+folder, or a ``.md`` file; default ``results/PAPER_table.md``; nothing is written under
+``docs/`` unless ``--out`` says so).
 """
 
 from __future__ import annotations
@@ -62,12 +61,9 @@ from lowband.reproduce.cells import (UNITS, Cell, _overrides, config_seed, exper
                                      with_seeds)
 from lowband.reproduce.cli import add_parser, cmd_reproduce, output_path
 from lowband.reproduce.dryrun import Estimate, dry_run, dry_run_line, estimate, rounds_to_go
-from lowband.reproduce.plan import (Action, Planned, Recorded, kept_runs, recorded_runs, run_action, run_config,
-                                    run_name, short)
-from lowband.reproduce.rundata import (RunData, _jsonl, bytes_per_round, left_out_seeds, number_text, on_cpu,
-                                       run_data, run_data_at, seed_data, unlearned_text, value)
-from lowband.reproduce.table import (FINGERPRINT, KeptSeed, changed_since, compute_line, config_fingerprint,
-                                     kept_seeds, previous_cells, seed_compute, seeds_value, table_markdown)
+from lowband.reproduce.plan import Action, Planned, run_action, run_config, run_name, short
+from lowband.reproduce.rundata import RunData, bytes_per_round, number_text, on_cpu, run_of_record, unlearned_text, value
+from lowband.reproduce.table import Tabulator, cell_row, compute_line, config_fingerprint, seeds_value, table_markdown
 
 __all__ = ["Cell", "add_parser", "cmd_reproduce", "load_cells", "locate", "packaged_experiments", "run_plan",
-           "kept_seeds", "seed_data", "seed_overrides", "select", "table_markdown", "value", "with_seeds"]
+           "seed_overrides", "select", "table_markdown", "value", "with_seeds"]

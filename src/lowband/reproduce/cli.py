@@ -1,6 +1,7 @@
 """The ``lowband reproduce PAPER`` command: its options (:func:`add_parser`), where the table
-goes (:func:`output_path`) and :func:`cmd_reproduce`, which plans, runs (or dry-runs) and
-writes the table."""
+goes (:func:`output_path`) and :func:`cmd_reproduce`, which plans, runs (or dry-runs), records
+each run in the store and renders the table from the store; ``--verify CELL`` re-runs a cell
+and compares it with its record (:mod:`lowband.results.verify`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from lowband.config.resolve import load_experiment
 from lowband.engine.runlog import atomic_write_text
 from lowband.reproduce.cells import _overrides, load_cells, locate, run_plan, seed_overrides, select, with_seeds
 from lowband.reproduce.dryrun import dry_run
-from lowband.reproduce.plan import _seed_of, kept_runs, run_config
-from lowband.reproduce.table import previous_cells, table_markdown
+from lowband.reproduce.plan import run_config
+from lowband.reproduce.table import Tabulator, table_markdown
+from lowband.results.store import Store, default_root
 
 
 def output_path(out: Optional[str], paper: str) -> Path:
@@ -28,7 +30,7 @@ def output_path(out: Optional[str], paper: str) -> Path:
 def _check_device(spec: str, present: bool) -> None:
     """``--device`` is a device name and, where runs will start (``present``), one this
     machine has: checked before any run starts, so a missing GPU does not stop the
-    campaign at its first cell; either is a one-line error (exit 2). A collect or a dry
+    campaign at its first cell; either is a one-line error (exit 2). A render or a dry
     run only reads, so it needs no GPU here."""
     from lowband.config.schema import ConfigError
     from lowband.device import check_spec, resolve_device
@@ -41,12 +43,51 @@ def _check_device(spec: str, present: bool) -> None:
         raise ConfigError(f"--device: {exc}") from None
 
 
+def _record_runs(store: Store, made: list[tuple[str, str]]) -> None:
+    """Put the record of each run folder made or reused (``(config, folder)``) in the store."""
+    for cfg, folder in made:
+        if not (Path(folder) / "metrics.jsonl").is_file():
+            continue
+        try:
+            print(f"  record  {store.put(cfg, Path(folder))}")
+        except (OSError, ValueError) as exc:  # a damaged log: its record would be a shorter run
+            print(f"  warning: {folder} not recorded: {getattr(exc, 'problem', None) or exc}; restore the file, or "
+                  f"move the folder away and run the cell again", file=sys.stderr)
+
+
+def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str]:
+    """``--collect``: the run folders of ``config`` on disk to record as they are: the one
+    ``seed`` runs in and, for the config's own seed, every seed folder beside it (``lowband
+    run --seeds`` makes them; their seeds count too). A folder of another config or one that
+    cannot be read is said on stderr and left out."""
+    from lowband.batch import seed_runs
+    from lowband.reproduce.plan import _not_a_run_of, run_action
+
+    plan = run_action(config, overrides, seed)
+    if plan.action == "skip":
+        print(f"  warning: {plan.reason}; not recorded", file=sys.stderr)
+    found = [plan.dir] if plan.action not in ("run", "skip") else []
+    base = plan.dir.parent if plan.dir.name.startswith("seed-") else plan.dir
+    for folder in ([] if seed is not None else seed_runs(base)):
+        foreign = _not_a_run_of(plan.exp, folder) if folder not in found else None
+        if foreign:
+            print(f"  warning: {foreign[0]}; {foreign[1]}; not recorded", file=sys.stderr)
+        elif folder not in found and (folder / "metrics.jsonl").is_file():
+            found.append(folder)
+    return [str(f) for f in found]
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     experiments = Path(args.experiments) if args.experiments else None
     cells = with_seeds(select(load_cells(args.paper, experiments=experiments), args.only),
                        getattr(args, "seeds", None))
+    store = Store(Path(args.store) if args.store else default_root(), args.paper)
+    if args.verify:
+        from lowband.results.verify import cmd_verify
+
+        return cmd_verify(args, cells, store)
     if getattr(args, "device", None):
-        _check_device(args.device, present=not (args.collect or args.dry_run))
+        _check_device(args.device, present=not (args.render or args.collect or args.dry_run))
     overrides = _overrides(args)
     configs = list(dict.fromkeys([c.config for c in cells] + [c.reference for c in cells if c.reference]))
     plan = run_plan(cells, overrides)
@@ -56,22 +97,23 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     extra = len(plan) - len(configs)
     print(f"lowband reproduce {args.paper}: {len(cells)} cells from {len(configs)} configs"
           + (f" ({len(plan)} runs with the seeds)" if extra else "")
-          + f" ({where / args.paper / 'reproduce.toml'})")
-    out = output_path(args.out, args.paper)
-    previous = previous_cells(out)
-    # the runs whose values the table at --out keeps from folders no longer here
-    recorded = {} if args.remake_kept else kept_runs(previous, cells, configs, overrides)
+          + f" ({where / args.paper / 'reproduce.toml'}); records in {store.dir}")
     if args.dry_run:
-        print("\n".join(dry_run(plan, overrides, recorded)))
+        print("\n".join(dry_run(plan, overrides, Tabulator(store, overrides).runs)))
         return 0
     skipped = 0
-    if not args.collect:
+    if not args.render:
+        made = []
         for cfg, seed in plan:
-            rec = recorded.get(cfg, {}).get(_seed_of(cfg, overrides, seed))
-            skipped += run_config(cfg, overrides, seed=seed, recorded=rec) is None
-    command = "lowband reproduce " + " ".join(a for a in sys.argv[2:]) if sys.argv[1:2] == ["reproduce"] \
-        else f"lowband reproduce {args.paper}"
-    md = table_markdown(args.paper, cells, overrides, command, previous)
+            if args.collect:
+                made += [(cfg, f) for f in _present(cfg, overrides, seed)]
+                continue
+            folder = run_config(cfg, overrides, seed=seed)
+            skipped += folder is None
+            made += [(cfg, folder)] if folder else []
+        _record_runs(store, made)
+    md = table_markdown(args.paper, cells, store, overrides)
+    out = output_path(args.out, args.paper)
     out.parent.mkdir(parents=True, exist_ok=True)
     # whole or not at all: two reproduce side by side (one per core) each write it at their end
     atomic_write_text(out, md + "\n")
@@ -85,23 +127,28 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     """Register ``lowband reproduce`` on the CLI's subparsers."""
     p = sub.add_parser("reproduce", help="run a paper's table cells (PAPER/reproduce.toml, shipped with lowband "
-                                         "or under ./experiments) and write paper-vs-ours tables")
+                                         "or under ./experiments), record them and render paper-vs-ours tables "
+                                         "from the records")
     p.add_argument("paper", help="a paper with a reproduce.toml (spark, fedcspack, fol, kta)")
     p.add_argument("--only", help="comma-separated glob patterns or prefixes of cell ids, e.g. 'table1/a0.1/*'")
     p.add_argument("--rounds", type=int, help="override every config's rounds (shorter runs; said in the table)")
     p.add_argument("--seeds", help="run every selected cell's config once per seed (e.g. 0,1,2 or 0-2; instead "
-                                   "of the cells' own `seeds`); tables show mean ± std over the seeds found")
+                                   "of the cells' own `seeds`); tables show mean ± std over the seeds recorded")
     p.add_argument("--threads", type=int, help="torch threads per run")
     p.add_argument("--device", help="where every run computes: cpu, cuda, cuda:N, mps or auto (the config key "
                                     "`device`); a run on a GPU counts GPU-hours, not CPU-hours, in the table, and "
                                     "its accuracies may differ from a CPU run's in the last digits")
     p.add_argument("--data-dir", help="dataset folder (else $LOWBAND_DATA, else the user cache)")
-    p.add_argument("--collect", action="store_true", help="run nothing; tabulate the runs that exist")
+    p.add_argument("--render", action="store_true", help="run nothing; render the table from the store's records")
+    p.add_argument("--collect", action="store_true", help="run nothing; record the run folders present (finished or "
+                                                          "not) in the store, then render")
     p.add_argument("--dry-run", action="store_true", help="run nothing; say what each run would do (run, resume, "
                                                           "restart, reuse or skip), its rounds and the CPU-hours left")
-    p.add_argument("--remake-kept", action="store_true",
-                   help="run again the runs whose values the table at --out keeps from run folders no longer here "
-                        "(by default they are kept, and only what the table lacks is run)")
+    p.add_argument("--verify", metavar="CELL", help="re-run CELL's config (its first --rounds rounds, else all) in a "
+                                                    "scratch folder and compare every metric of every round with "
+                                                    "the store's record: equal, within float tolerance, different")
+    p.add_argument("--store", help="the records folder (default docs/results/records in a checkout, else "
+                                   "results/records); records go to STORE/PAPER/")
     p.add_argument("--out", help="folder for PAPER_table.md, or a .md file (default results/; "
                                  "e.g. --out docs/results to update a checkout's results pages)")
     p.add_argument("--experiments", help="folder of papers to use instead of ./experiments and the shipped copy")

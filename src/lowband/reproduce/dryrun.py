@@ -5,10 +5,10 @@ hours it still needs (:class:`Estimate`, :func:`estimate`), one line each and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, get_args
+from typing import Callable, Optional, get_args
 
-from lowband.reproduce.plan import Action, Planned, Recorded, _seed_of, run_action, run_name
-from lowband.reproduce.rundata import RunData, on_cpu, seed_data
+from lowband.reproduce.plan import Action, Planned, run_action, run_name
+from lowband.reproduce.rundata import RunData, on_cpu
 
 
 @dataclass(frozen=True)
@@ -34,34 +34,22 @@ def rounds_to_go(plan: Planned) -> int:
     return max(plan.exp.rounds - plan.done, 0) if plan.action == "resume" else plan.exp.rounds
 
 
-def estimate(plan: Planned, runs: dict[int, RunData], recorded: Optional[dict[int, Recorded]] = None) -> Estimate:
-    """What ``plan`` still costs (:class:`Estimate`), timed on its own folder's logged
-    rounds (a resume or restart), else on the other seed runs of its config (``runs``, from
-    :func:`seed_data`), counting only runs made on the kind of device ``plan`` runs on: a
-    GPU's rounds say nothing of a core's; else (a CPU run) on the CPU-hours the table being
-    replaced records for the config's runs whose folders are gone (``recorded``)."""
+def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
+    """What ``plan`` still costs (:class:`Estimate`), timed on the store's records of its
+    config (``runs``: seed -> run, see :func:`lowband.reproduce.table.store_runs`), counting
+    only runs made on the kind of device ``plan`` runs on: a GPU's rounds say nothing of a
+    core's."""
     gpu = not on_cpu(plan.exp.device)
-    here = plan.dir.resolve()
-    own = [d for d in runs.values() if d.dir.resolve() == here]
-    others = [d for d in runs.values() if d.dir.resolve() != here]
-    for timed in (own, others):
-        timed = [d for d in timed if d.timing and d.on_cpu != gpu]
-        if not timed:
-            continue
+    timed = [d for d in runs.values() if d.timing and d.on_cpu != gpu]
+    if timed:
         per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
         seeds = sorted(d.seed for d in timed)
-        note = "" if timed[0].dir.resolve() == here else \
-            f"timed on seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)}"
+        note = f"timed on the record{'s' if len(seeds) > 1 else ''} of seed{'s' if len(seeds) > 1 else ''} " \
+               f"{', '.join(str(s) for s in seeds)}"
         return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
     if any(d.timing for d in runs.values()):
-        return Estimate(None, gpu, f"this config has run here only on {'the CPU' if gpu else 'a GPU'}")
-    timed_r = {s: r for s, r in (recorded or {}).items() if r.cpu_hours is not None and r.rounds}
-    if timed_r and not gpu:
-        per_round = sum(r.cpu_hours or 0.0 for r in timed_r.values()) / sum(r.rounds for r in timed_r.values())
-        seeds = ", ".join(str(s) for s in timed_r)
-        return Estimate(rounds_to_go(plan) * per_round, gpu,
-                        f"timed on the table's record of seed{'s' if len(timed_r) > 1 else ''} {seeds}")
-    return Estimate(None, gpu, "nothing of this config has run here")
+        return Estimate(None, gpu, f"this config is recorded only on {'the CPU' if gpu else 'a GPU'}")
+    return Estimate(None, gpu, "no record of this config in the store")
 
 
 def _hours(h: float) -> str:
@@ -73,7 +61,7 @@ def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
     """One ``--dry-run`` line: ``would ACTION NAME -> FOLDER (done/planned rounds; cost)``
     (``est``: see :func:`estimate`; a skip gives its reason instead)."""
     head = f"  would {plan.action:<7} {name} -> {plan.dir}"
-    if plan.action in ("skip", "keep"):
+    if plan.action == "skip":
         return f"{head}: {plan.reason}"
     planned = plan.exp.rounds
     if plan.action == "reuse":
@@ -89,39 +77,29 @@ def dry_run_line(plan: Planned, name: str, est: Optional[Estimate]) -> str:
 
 
 def dry_run(plan: list[tuple[str, Optional[int]]], overrides: list[str],
-            recorded: Optional[dict[str, dict[int, Recorded]]] = None, remake_kept: bool = False) -> list[str]:
+            runs_of: Callable[[str], dict[int, RunData]]) -> list[str]:
     """The lines ``--dry-run`` prints: for each planned (config, seed), what a real run would
-    do with it (:func:`run_action`, the decision :func:`run_config` acts on; ``recorded``:
-    config -> :func:`recorded_runs`, used for ``keep`` unless ``remake_kept``), its rounds
-    and the hours it still needs (:func:`estimate`); then one line with the count of each
-    action and the total estimate. Reads the run folders, writes nothing."""
-    recorded = recorded or {}
-    cache: dict[str, dict[int, RunData]] = {}
+    do with it (:func:`run_action`, the decision :func:`run_config` acts on), its rounds and
+    the hours it still needs (:func:`estimate` on ``runs_of(config)``, the store's records);
+    then one line with the count of each action and the total estimate. Writes nothing."""
     counts: dict[str, int] = dict.fromkeys(get_args(Action), 0)
     cpu_h = gpu_h = 0.0
     unknown = one_core = 0
     lines = []
     for cfg, seed in plan:
-        rec = recorded.get(cfg, {})
-        p = run_action(cfg, overrides, seed, None if remake_kept else rec.get(_seed_of(cfg, overrides, seed)))
+        p = run_action(cfg, overrides, seed)
         counts[p.action] += 1
         est = None
         if p.action in ("run", "resume", "restart"):
-            if cfg not in cache:
-                cache[cfg] = seed_data(cfg, overrides)
-            est = estimate(p, cache[cfg], rec)
-            if est.hours is None:
-                unknown += 1
-            elif est.gpu:
-                gpu_h += est.hours
-            else:
-                cpu_h += est.hours
-                one_core += est.one_core
+            est = estimate(p, runs_of(cfg))
+            unknown += est.hours is None
+            gpu_h += est.hours or 0.0 if est.gpu else 0.0
+            cpu_h += 0.0 if est.gpu else est.hours or 0.0
+            one_core += est.one_core
         lines.append(dry_run_line(p, run_name(cfg, seed), est))
     to_make = counts["run"] + counts["resume"] + counts["restart"]
     total = (f"in all: run {counts['run']}, resume {counts['resume']}, restart {counts['restart']}, "
-             f"reuse {counts['reuse']}, keep {counts['keep']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h "
-             f"still needed")
+             f"reuse {counts['reuse']}, skip {counts['skip']}: about {_hours(cpu_h)} CPU-h still needed")
     if gpu_h:
         total += f" and {_hours(gpu_h)} GPU-h on a GPU (not counted as CPU-h)"
     total += f" by the {to_make - unknown} runs with an estimate"

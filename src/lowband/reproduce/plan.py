@@ -1,71 +1,86 @@
 """What ``lowband reproduce`` does with each run folder (:func:`run_action`: run, resume,
-restart, reuse, keep or skip; :class:`Planned`), the runs whose values the table being
-replaced keeps (:class:`Recorded`, :func:`recorded_runs`, :func:`kept_runs`), and running one
-config (:func:`run_config`)."""
+restart, reuse or skip; :class:`Planned`) and running one config (:func:`run_config`)."""
 
 from __future__ import annotations
 
-import re
+import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from lowband.config.schema import Experiment
 from lowband.config.resolve import load_experiment
-from lowband.reproduce.cells import Cell, config_seed, run_plan, seed_overrides
-from lowband.reproduce.rundata import _not_a_run_of, _read_json, left_out_seeds
-from lowband.reproduce.table import (_CPU_H, _HELD, KeptSeed, _same_run, changed_since, seed_note,
-                                     kept_seeds)
+from lowband.engine.runlog import config_change_text, config_diff
+from lowband.reproduce.cells import config_seed, seed_overrides
 
 
 #: what ``lowband reproduce`` does with one run folder (:func:`run_action`)
-Action = Literal["reuse", "resume", "restart", "run", "keep", "skip"]
+Action = Literal["reuse", "resume", "restart", "run", "skip"]
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What the table being replaced holds of one seed run of a config: the round its
-    values are from (``rounds``, of ``planned``) and its CPU-hours where recorded. Read by
-    :func:`recorded_runs` for runs whose folders are gone."""
-
-    rounds: int
-    planned: int
-    cpu_hours: Optional[float] = None
+def _read_json(path: Path) -> Optional[dict]:
+    """The JSON object in ``path`` (None: no file, unreadable, or not an object)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
-def recorded_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"], config: str,
-                  overrides: list[str]) -> dict[int, Recorded]:
-    """seed -> :class:`Recorded` for each seed of ``config`` that every cell of ``config``
-    among ``cells`` holds a value of in ``previous`` (the table at ``--out``; see
-    :func:`previous_cells`), from ``config``'s own run folder. A cell added since, or one
-    without a value for the seed, leaves the seed out: it has something to measure."""
-    mine = [c for c in cells if c.config == config]
-    if mine and changed_since(previous, config, overrides):
-        return {}  # its values were measured under another config: they are no reason not to run it
-    found: list[dict[int, KeptSeed]] = []
-    planned = 0
-    for c in mine:
-        if c.id not in previous or not _same_run(previous[c.id][2], config, overrides):
-            return {}
-        _, rounds, where = previous[c.id]
-        ks = kept_seeds(seed_note(previous, c.id, config, overrides), rounds, set())
-        spent = _CPU_H.search(where)
-        if ks and spent and "GPU-h" not in where and all(k.cpu_hours is None for k in ks.values()):
-            # a table from before per-seed compute: the cell's hours shared evenly (for estimates)
-            held = _HELD.search(where)
-            total = float(spent.group(2)) + (float(held.group(3)) if held and held.group(3) else 0.0)
-            ks = {s: replace(k, cpu_hours=total / len(ks)) for s, k in ks.items()}
-        found.append(ks)
-        of = re.match(r"(?:\d+-)?\d+/(\d+)", rounds.strip())
-        planned = max(planned, int(of.group(1)) if of else 0)
-    if not found:
-        return {}
-    common = set.intersection(*(set(k) for k in found))
-    return {s: Recorded(min(k[s].rounds for k in found), planned,
-                        next((k[s].cpu_hours for k in found if k[s].cpu_hours is not None), None))
-            for s in sorted(common)}
+def _unreadable_config(rd: Path) -> Optional[str]:
+    """Why ``rd``'s saved config.toml or hyperparams.json cannot be read, as ``"NAME cannot be
+    read (ERROR)"`` (None: both can, or are absent): a torn or hand-edited file must not pass
+    as a run of today's config (nothing could be compared) nor as one of another config
+    (nothing says so). An absent hyperparams.json is a run made before lowband saved them
+    (:func:`lowband.engine.runlog.saved_hyperparams`); an unreadable one is not."""
+    import tomllib
+
+    from lowband.engine.runlog import HYPERPARAMS_NAME
+
+    for name, parse in (("config.toml", tomllib.loads), (HYPERPARAMS_NAME, _json_object)):
+        path = rd / name
+        if not path.exists():
+            continue
+        try:
+            parse(path.read_text())
+        except (OSError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return f"{name} cannot be read ({type(exc).__name__}{': ' + first if first else ''})"
+    return None
+
+
+def _json_object(text: str) -> dict:
+    """``text`` parsed as a JSON object (ValueError if it is not JSON, or not an object)."""
+    obj = json.loads(text)
+    if not isinstance(obj, dict):
+        raise ValueError(f"not a JSON object but {type(obj).__name__}")
+    return obj
+
+
+def _not_a_run_of(exp: Any, rd: Path) -> Optional[tuple[str, str]]:
+    """(why, what to do) when the run saved in ``rd`` cannot count as a run of ``exp``: its
+    saved config cannot be read (:func:`_unreadable_config`) or says another config
+    (:func:`~lowband.engine.runlog.config_diff`; where only ``threads`` differs, the fix is
+    reproduce's ``--threads``, not a rerun); None when it is ``exp``'s. The test :func:`run_action`
+    applies before it reuses a folder."""
+    unreadable = _unreadable_config(rd)
+    if unreadable:
+        return (f"{rd}/{unreadable}, so which config made this run cannot be told",
+                "restore the file or move the folder away and run the cell again")
+    try:
+        diff = config_diff(rd, exp, ignore=("seed", "out_dir", "name"))
+    except (OSError, ValueError):
+        return None
+    if not diff:
+        return None
+    why = f"{rd} was made by another config than today's ({config_change_text(diff)})"
+    if set(diff) == {"threads"}:  # only the flag reproduce sets: the fix is the flag, not a rerun
+        then = diff["threads"][0]
+        flag = f"--threads {then}" if isinstance(then, int) else "no --threads"
+        return why, f"collect or run with {flag}, as the run was made, to use it"
+    return why, "move it away and run the cell again"
 
 
 @dataclass(frozen=True)
@@ -82,17 +97,13 @@ class Planned:
     reason: str = ""
 
 
-def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
-               recorded: Optional[Recorded] = None) -> Planned:
+def run_action(config: str, overrides: list[str], seed: Optional[int] = None) -> Planned:
     """Decide what :func:`run_config` does with ``config`` (with ``seed``: in that seed's
     folder, see :func:`seed_overrides`), reading the run folder and writing nothing, so a
     dry run and a real run cannot disagree: ``reuse`` a finished run (summary.json with
     enough rounds), ``resume`` one with a checkpoint, ``restart`` one with a config.toml
     and no checkpoint (killed before its first one: it runs again from round 0), ``run`` a
-    new one, ``keep`` one whose folder is gone while the table being replaced holds its
-    values at the rounds asked (``recorded``: see :func:`recorded_runs`; the table keeps
-    them, so making the run again would spend its hours on cells that have their number),
-    and ``skip`` a folder lowband would refuse (a run of another config, files it did not
+    new one, and ``skip`` a folder lowband would refuse (a run of another config, files it did not
     write): :meth:`RunLog.check`, the check a run makes before it writes."""
     from lowband.engine.runlog import RunDirError, RunLog
 
@@ -112,53 +123,10 @@ def run_action(config: str, overrides: list[str], seed: Optional[int] = None,
         log = RunLog.check(exp, resume=started)
     except RunDirError as exc:
         return Planned("skip", exp, rd, reason=str(exc))
-    if not started and _keeps(recorded, exp):
-        return Planned("keep", exp, rd, recorded.rounds,
-                       reason=f"the table holds its values at round {recorded.rounds} from a run folder no longer here "
-                              f"(--remake-kept makes it again)")
     if not started:
         return Planned("run", exp, rd)
     # (restart: killed before its first checkpoint, or run without checkpoints)
     return Planned("resume" if log.ckpt_path.exists() else "restart", exp, rd, log.completed_rounds())
-
-
-def kept_runs(previous: dict[str, tuple[str, str, str]], cells: list["Cell"], configs: list[str],
-              overrides: list[str]) -> dict[str, dict[int, Recorded]]:
-    """config -> :func:`recorded_runs` for every config of ``cells``, where a config that
-    other cells use as their ``reference`` keeps nothing while any such cell's own config
-    is measured again (:func:`_measured_again`: a run of it on disk, or one to make): the
-    table then computes that cell from its runs, each divided by the reference's run (its
-    own seed serves every seed), and a kept reference would leave it "n/a"."""
-    out = {cfg: recorded_runs(previous, cells, cfg, overrides) for cfg in configs}
-    changed = True
-    while changed:  # a reference made again may itself be another cell's config: to a fixed point
-        changed = False
-        for cfg in configs:
-            if out[cfg] and any(_measured_again(cells, c.config, out.get(c.config, {}), overrides)
-                                for c in cells if c.reference == cfg):
-                out[cfg], changed = {}, True
-    return out
-
-
-def _keeps(recorded: Optional[Recorded], exp: Experiment) -> bool:
-    """Whether the table's ``recorded`` values of a run are those of ``exp`` at its rounds:
-    from the rounds asked, no fewer (a run under way) and no more (a run folder extended
-    past them is read at them too, :func:`run_data_at`; ``--rounds`` shorter than the
-    table's measures another number)."""
-    return recorded is not None and recorded.rounds == exp.rounds
-
-
-def _measured_again(cells: list["Cell"], config: str, recorded: dict[int, Recorded], overrides: list[str]) -> bool:
-    """Whether the table computes ``config``'s cells from runs rather than keeping them:
-    a run folder of it holds a log, or a run of it planned is not kept (``recorded``)."""
-    if left_out_seeds(config, overrides, {}):  # (every folder with a log, none loaded)
-        return True
-    for cfg, seed in run_plan([c for c in cells if c.config == config], overrides):
-        if cfg == config:
-            exp = load_experiment(cfg, seed_overrides(cfg, overrides, seed))
-            if not _keeps(recorded.get(_seed_of(cfg, overrides, seed)), exp):
-                return True
-    return False
 
 
 def _seed_of(config: str, overrides: list[str], seed: Optional[int]) -> int:
@@ -180,8 +148,7 @@ def run_name(config: str, seed: Optional[int]) -> str:
     return short(config) + ("" if seed is None else f" seed {seed}")
 
 
-def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None,
-               recorded: Optional[Recorded] = None) -> Optional[str]:
+def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: Optional[int] = None) -> Optional[str]:
     """Run, resume or reuse one config (with ``seed``: in that seed's folder, see
     :func:`seed_overrides`), as :func:`run_action` decides; returns its run folder (None
     when it was skipped).
@@ -190,18 +157,14 @@ def run_config(config: str, overrides: list[str], *, quiet: bool = True, seed: O
     resumes from it (``--rounds`` may extend it); one killed before its first checkpoint
     restarts from round 0 in the same folder (the rounds it had logged are deterministic
     and come out identical). A folder saved with another config is left alone (skipped,
-    with the reason on stderr), before any data is loaded. A run whose folder is gone while
-    the table keeps its values (``recorded``) is kept, not made again."""
+    with the reason on stderr), before any data is loaded."""
     from lowband.engine.runlog import RunDirError
     from lowband.engine.simulator import Simulation
 
-    plan = run_action(config, overrides, seed, recorded)
+    plan = run_action(config, overrides, seed)
     name = run_name(config, seed)
     if plan.action == "reuse":
         print(f"  reuse   {name} -> {plan.dir} ({plan.done} rounds)")
-        return str(plan.dir)
-    if plan.action == "keep":
-        print(f"  keep    {name}: {plan.reason}")
         return str(plan.dir)
     if plan.action == "skip":
         print(f"  skip    {name}: {plan.reason}", file=sys.stderr, flush=True)
