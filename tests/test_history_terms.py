@@ -33,8 +33,6 @@ def test_no_work_session_references(top: str) -> None:
     assert hits(top) == []
 
 
-@pytest.mark.xfail(strict=True, reason="code comments outside src/lowband/reproduce still say 'stop N' "
-                                       "(src/lowband/engine/checks.py); they are being edited elsewhere")
 def test_no_work_session_references_in_src() -> None:
     assert hits("src") == []
 

@@ -15,7 +15,7 @@ The Python API (docs/python-api.md)::
 
 from typing import Any
 
-__version__ = "0.1.0"
+from lowband.version import __version__
 
 _API = ("experiment", "run", "run_seeds", "sweep", "frontier", "load_run", "load_plugin", "arrays", "from_torch", "Result",
         "SeedResults", "SweepResult")

@@ -108,7 +108,7 @@ def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "ru
     ``"import"`` (the machine is the importer's; the run's own is not known)."""
     import tomllib
 
-    from lowband import __version__
+    from lowband.version import __version__
     from lowband.engine.runlog import RunLog, saved_hyperparams
 
     rd = Path(run_dir)
