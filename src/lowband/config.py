@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 import tomli_w
 
+from lowband.aggregation.config import AggregationConfig
 from lowband.metricdir import higher_is_better
 
 
@@ -367,6 +368,7 @@ class Experiment(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     #: link models (simulated time); None: not timed, and nothing about time is written
     links: Optional[LinksConfig] = None
+    aggregation: Optional[AggregationConfig] = None  # [aggregation]: a robust rule (lowband.aggregation); None: none
     log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("device")
