@@ -27,6 +27,7 @@ else:  # pragma: no cover
 import tomli_w
 
 from lowband.aggregation.config import AggregationConfig
+from lowband.attacks.config import ByzantineConfig
 from lowband.metricdir import higher_is_better
 
 
@@ -192,6 +193,7 @@ class FaultsConfig(_Strict):
     straggler: float = Field(0.0, ge=0, le=1, description="probability that a node is slow in a round")
     slowdown: float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
     deadline: Optional[float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
+    byzantine: Optional[ByzantineConfig] = None  # [faults.byzantine]: attackers (lowband.attacks)
 
     @model_validator(mode="after")
     def _straggler_needs_deadline(self) -> "FaultsConfig":

@@ -50,10 +50,20 @@ def check(exp: Any, alg: Any, plan: Any = None) -> None:
 
 
 def install(exp: Any, alg: Any) -> Optional[Any]:
-    """Set ``alg.aggregation`` from ``exp.aggregation`` (None when no rule); returns the rule."""
+    """Set ``alg.aggregation`` from ``exp.aggregation`` (None when no rule), then install
+    ``[faults.byzantine]`` (lowband.attacks.wrapper.install: wraps the attackers' steps, and
+    for the omniscient attacks the aggregation) with the attackers drawn among
+    ``data.num_clients`` nodes; returns the rule. Idempotent on one algorithm object."""
+    if getattr(alg, "_robust_installed", False):
+        return alg.aggregation
     rule = build_rule(getattr(exp, "aggregation", None))
     alg.aggregation = rule
-    return rule
+    if getattr(getattr(exp, "faults", None), "byzantine", None) is not None:
+        from lowband.attacks.wrapper import install as install_attack
+
+        install_attack(exp, alg, exp.data.num_clients)
+    alg._robust_installed = True
+    return alg.aggregation
 
 
 class RobustnessRecorder:

@@ -58,6 +58,7 @@ from collections import deque
 from typing import Any, Optional, Sequence
 
 from lowband.aggregation.install import check as aggregation_check
+from lowband.aggregation.install import install as aggregation_install
 from lowband.config import STAR_SAMPLING_KEYS, TOPOLOGY_KEYS, ConfigError, Experiment
 
 #: topology kinds that give peer links (RoundPlan.neighbors)
@@ -239,6 +240,7 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
         _check_protocols(alg, exp.eval.protocols, has_local_test=exp.data.split[2] > 0)
     _check_codec_state(exp, alg)
     aggregation_check(exp, alg)  # [aggregation] on an algorithm without the hook (lowband.aggregation.install)
+    aggregation_install(exp, alg)  # the rule and [faults.byzantine] onto this algorithm object (refusing what they cannot do)
 
 
 def _check_codec_state(exp: Experiment, alg: Any) -> None:
