@@ -178,6 +178,7 @@ class Adversary:
     def __init__(self, inner: Optional[Any], attack: Attack):
         from lowband.aggregation.rules import Mean
 
+        self.defended = inner is not None
         self.inner = inner if inner is not None else Mean()
         self.attack = attack
         self.name = self.inner.name
@@ -189,7 +190,7 @@ class Adversary:
         return self.inner.needs()
 
     def __repr__(self) -> str:
-        return repr(self.inner)
+        return repr(self.inner) if self.defended else "none"  # the plain mean: no defence
 
     def __call__(self, inp: AggregationInput, rng: torch.Generator) -> Any:
         bad = [i for i, s in enumerate(inp.senders) if s in self.attack.attackers and s != inp.node]
