@@ -9,7 +9,8 @@ it flattens the float entries of each received model minus the reference in one 
 order into an :class:`AggregationInput`, calls the rule, and returns
 ``reference + aggregated update``.
 
-A rule is any callable ``rule(inp, rng) -> (update, counters)``: ``update`` is a flat
+A rule is any callable ``rule(inp, rng) -> (update, counters)`` (optionally with a ``name``
+labelling its counters and ``min_inputs()``, see :class:`Rule`): ``update`` is a flat
 float32 tensor of the aggregated *update* (the same length as a row of ``inp.updates``),
 ``counters`` a small dict of counts (``{"discarded": 2}``, ``{"clipped": 1}``) that the run
 sums per evaluated round into metrics.jsonl (``robust/<rule>/<counter>``) and over the run
@@ -122,6 +123,17 @@ def merge_counts(parts: Sequence[Mapping[int, Mapping[str, float]]]) -> dict[int
     return out
 
 
+def rule_name(rule: Any) -> str:
+    """``rule.name``, or a plain callable's class name (the counters' label)."""
+    return str(getattr(rule, "name", type(rule).__name__))
+
+
+def rule_min_inputs(rule: Any) -> int:
+    """``rule.min_inputs()``, or 1 for a plain callable."""
+    get = getattr(rule, "min_inputs", None)
+    return int(get()) if callable(get) else 1
+
+
 # --------------------------------------------------------------------------- flattening
 
 
@@ -155,8 +167,9 @@ def apply_rule(rule: Rule, updates: list[Params], weights: Sequence[float], like
     (counters go to :data:`COLLECTOR`). ``updates`` are already relative to ``reference``."""
     names = float_names(like)
     n = len(updates)
-    if n < rule.min_inputs():
-        COLLECTOR.add(round, node, rule.name, {"skipped": 1})
+    label = rule_name(rule)
+    if n < rule_min_inputs(rule):
+        COLLECTOR.add(round, node, label, {"skipped": 1})
         return {k: torch.zeros_like(like[k]) for k in names}
     inp = AggregationInput(
         updates=torch.stack([flat(u, names) for u in updates]),
@@ -166,7 +179,7 @@ def apply_rule(rule: Rule, updates: list[Params], weights: Sequence[float], like
         names=names)
     upd, counters = rule(inp, rng)
     if counters:
-        COLLECTOR.add(round, node, rule.name, counters)
+        COLLECTOR.add(round, node, label, counters)
     return unflat(upd, like, names)
 
 

@@ -105,27 +105,32 @@ class NodeContext:
 
     # -- the aggregation hook (lowband.aggregation; docs/aggregation.md) -------------------
     def aggregate(self, models: list[Params], weights: Sequence[float], reference: Params, *,
-                  senders: Sequence[int], plain: Optional[Callable[[], Params]] = None) -> Params:
+                  senders: Optional[Sequence[int]] = None, plain: Optional[Callable[[], Params]] = None) -> Params:
         """Combine received ``models`` (with the algorithm's ``weights``) around ``reference``.
 
         No rule configured: ``plain()`` (default ``weighted_average(models, weights)``), i.e.
         exactly the algorithm's own average. With a rule: ``reference + rule(models -
-        reference)``, its randomness addressed by (seed, round, node, "aggregate")."""
+        reference)``, its randomness addressed by (seed, round, node, "aggregate").
+        ``senders``: the node id of each model (peer rules find the node's own model by its
+        id); unset: ``0..n-1``."""
         from lowband.aggregation.base import aggregate_models
         from lowband.train import weighted_average
 
+        senders = range(len(models)) if senders is None else senders
         return aggregate_models(self.aggregation, models, weights, reference, senders=senders, node=self.node,
                                 round=self.round, rng=lambda: self.rng("aggregate"),
                                 plain=plain or (lambda: weighted_average(models, list(weights))))
 
     def aggregate_updates(self, updates: list[Params], weights: Sequence[float], reference: Params, *,
-                          senders: Sequence[int], plain: Optional[Callable[[], Params]] = None) -> Params:
+                          senders: Optional[Sequence[int]] = None,
+                          plain: Optional[Callable[[], Params]] = None) -> Params:
         """Combine received ``updates`` (deltas relative to ``reference``, the aggregator's
         model): ``plain()`` (default ``weighted_average(updates, weights)``) with no rule,
         else the rule's aggregated update."""
         from lowband.aggregation.base import aggregate_updates
         from lowband.train import weighted_average
 
+        senders = range(len(updates)) if senders is None else senders
         return aggregate_updates(self.aggregation, updates, weights, reference, senders=senders, node=self.node,
                                  round=self.round, rng=lambda: self.rng("aggregate"),
                                  plain=plain or (lambda: weighted_average(updates, list(weights))),
