@@ -88,6 +88,8 @@ class NodeContext:
     num_classes: int
     init_params: Callable[[], Params]  # the shared initialisation (same seed -> same w0 everywhere)
     public_x: Optional[torch.Tensor] = None  # public reference inputs (no labels) where a method has one
+    #: the run's aggregation rule (``[aggregation]``, lowband.aggregation); None: the algorithm's own average
+    aggregation: Optional[Any] = None
 
     @property
     def neighbors(self) -> tuple[int, ...]:
@@ -100,6 +102,39 @@ class NodeContext:
     def rng(self, *purpose: Any) -> torch.Generator:
         """A generator addressed by (seed, round, node, purpose): order-independent."""
         return torch_gen(self.seed, "alg", self.round, self.node, *purpose)
+
+    # -- the aggregation hook (lowband.aggregation; docs/aggregation.md) -------------------
+    def aggregate(self, models: list[Params], weights: Sequence[float], reference: Params, *,
+                  senders: Optional[Sequence[int]] = None, plain: Optional[Callable[[], Params]] = None) -> Params:
+        """Combine received ``models`` (with the algorithm's ``weights``) around ``reference``.
+
+        No rule configured: ``plain()`` (default ``weighted_average(models, weights)``), i.e.
+        exactly the algorithm's own average. With a rule: ``reference + rule(models -
+        reference)``, its randomness addressed by (seed, round, node, "aggregate").
+        ``senders``: the node id of each model (peer rules find the node's own model by its
+        id); unset: ``0..n-1``."""
+        from lowband.aggregation.base import aggregate_models
+        from lowband.train import weighted_average
+
+        senders = range(len(models)) if senders is None else senders
+        return aggregate_models(self.aggregation, models, weights, reference, senders=senders, node=self.node,
+                                round=self.round, rng=lambda: self.rng("aggregate"),
+                                plain=plain or (lambda: weighted_average(models, list(weights))))
+
+    def aggregate_updates(self, updates: list[Params], weights: Sequence[float], reference: Params, *,
+                          senders: Optional[Sequence[int]] = None,
+                          plain: Optional[Callable[[], Params]] = None) -> Params:
+        """Combine received ``updates`` (deltas relative to ``reference``, the aggregator's
+        model): ``plain()`` (default ``weighted_average(updates, weights)``) with no rule,
+        else the rule's aggregated update."""
+        from lowband.aggregation.base import aggregate_updates
+        from lowband.train import weighted_average
+
+        senders = range(len(updates)) if senders is None else senders
+        return aggregate_updates(self.aggregation, updates, weights, reference, senders=senders, node=self.node,
+                                 round=self.round, rng=lambda: self.rng("aggregate"),
+                                 plain=plain or (lambda: weighted_average(updates, list(weights))),
+                                 reference=reference)
 
 
 StepFn = Callable[[NodeContext, State, list[Envelope]], tuple[State, Outbox]]
@@ -167,6 +202,14 @@ class Algorithm(ABC):
     #: sharded backends (lowband.engine.placement) then keeps every node at home, where
     #: visits would recompute (and cache twice) what the home place holds
     visiting: ClassVar[bool] = True
+    #: True where every aggregation of received models goes through ``ctx.aggregate`` /
+    #: ``ctx.aggregate_updates`` (lowband.aggregation): an ``[aggregation]`` rule is refused
+    #: before the run for an algorithm that keeps False (its server needs individual
+    #: updates: FedCSPACK's packs, KTA's logits, FOL's ensembles)
+    aggregation_hook: ClassVar[bool] = False
+    #: the run's aggregation rule, set by the driver from ``[aggregation]`` (None: none);
+    #: reaches every node's context (lowband.engine.executor)
+    aggregation: Optional[Any] = None
 
     def __init__(self, hp: Hyperparams):
         self.hp = hp

@@ -70,7 +70,13 @@ def _string(v: Any) -> str | None:
     return None if isinstance(v, str) else f"must be a string, got {type(v).__name__}"
 
 
+def _stamp(v: Any) -> str | None:
+    ok = isinstance(v, str) and re.fullmatch(r"\d{1,12}:\d{1,12}", v) is not None
+    return None if ok else f"must be 'round:step' (two ints >= 0), got {str(v)[:40]!r}"
+
+
 META_SCHEMA: dict[str, Callable[[Any], str | None]] = {
+    "fresh": _stamp,            # freshness stamp "round:step" (lowband.comm.validate, freshness)
     "num_examples": _count,     # sample count weighting an average (FedAvg, FedNova, ...)
     "a": _number(0.0),          # FedNova's normaliser a_i (0 for a client that took no step)
     "V": _number(None),         # FedPAC's feature variance term

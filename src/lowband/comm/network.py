@@ -70,7 +70,7 @@ from .codecs import Codec, is_stateful
 from .ledger import Ledger
 from .codecs.memory import has_receiver_state
 from .message import DIRECTIONS, SERVER, Message
-from .validate import Rejection, Validator, content_problem
+from .validate import FRESH_KEY, Rejection, Validator, content_problem, freshness_problem, stamp
 from .wire import WireError, codec_from_spec, declared_bytes, decode_with_codec, encode_message
 
 
@@ -306,6 +306,11 @@ class Network:
             self._refuse(round, src, dsts, got.kind, ("malformed", why))
             return {}
         content = content_problem(got) if v is not None else None
+        if v is not None and v.policy.freshness and content is None:
+            # sent in the step before the receiver's (the round loop's step_tag), else in this round
+            r, k = self.step_tag
+            content = freshness_problem(got, round, k - 1 if r == int(round) and k > 0 else None)
+            got.meta.pop(FRESH_KEY, None)
         out: dict[int, Message] = {}
         for d in dsts:
             problem = content or (v.check_shape(got, d) if v is not None else None)
@@ -458,6 +463,8 @@ class Network:
                              f"(Network.encode_outbox, Network.broadcast)")
         link = "bcast" if bcast else dsts[0]
         msg = self._transformed(msg, round, src, link)
+        if self.validator is not None and self.validator.policy.freshness:  # bound to (round, step): counted
+            msg = stamp(msg, round, self.step_tag[1] if self.step_tag[0] == int(round) else 0)
         gen = self._gen(round, src, link, msg.kind)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
         try:

@@ -21,6 +21,14 @@ used by the serial round and by the Ray shards alike), never inside an algorithm
   group whose median is 0 is not screened. For weight-like messages the norm is the
   model's norm, which catches explosions (``lr=1e6``) rather than subtle poisoning.
 
+- ``stale`` (``freshness``, off by default: it adds the stamp's bytes to every message):
+  the sender's network stamps each message with the (round, step) it was sent in
+  (metadata ``fresh = "round:step"``, encoded and counted with the message); a receiver
+  refuses a message without the stamp, from another round, or (where it knows its own
+  step) not from the step just before its own: a message replayed from an earlier round or
+  step, or delivered out of order, is refused with a counted reason. The stamp is removed
+  before the algorithm sees the message.
+
 A rejected message is not delivered: the receiver's inbox lacks it, while the ledger has
 already counted its bytes (they crossed the link). Each rejection is a :class:`Rejection`
 the round collects and the run log counts per round as ``rejected/<reason>``. With
@@ -39,7 +47,7 @@ import torch
 
 from .message import Message
 
-REASONS: tuple[str, ...] = ("nonfinite", "shape", "dtype", "malformed", "norm")
+REASONS: tuple[str, ...] = ("nonfinite", "shape", "dtype", "malformed", "norm", "stale")
 """Why a message can be rejected (the ``rejected/<reason>`` metric keys)."""
 
 NORM_MIN_GROUP = 3
@@ -85,6 +93,8 @@ class ValidationPolicy:
     #: message kinds whose tensors may be slices of the model's entries (same rank, no
     #: dimension larger): the algorithm's ``partial_kinds``
     partial_kinds: frozenset[str] = frozenset()
+    #: bind every message to the (round, step) it was sent in and refuse replays (``stale``)
+    freshness: bool = False
 
     def __post_init__(self) -> None:
         if self.on_invalid not in ("reject", "abort"):
@@ -244,6 +254,30 @@ class Validator:
         return kept
 
 
+FRESH_KEY = "fresh"
+"""The metadata key of the freshness stamp ``"round:step"``."""
+
+
+def stamp(msg: Message, round: int, step: int) -> Message:
+    """``msg`` with the freshness stamp (a shallow copy: tensors shared, metadata new)."""
+    return Message(msg.kind, msg.tensors, {**msg.meta, FRESH_KEY: f"{int(round)}:{int(step)}"}, msg.declared,
+                   msg.stand_in)
+
+
+def freshness_problem(msg: Message, round: int, step: Optional[int] = None) -> Optional[tuple[str, str]]:
+    """``("stale", detail)`` unless ``msg`` carries the stamp of round ``round`` (and, when
+    ``step`` is given, of that step)."""
+    raw = msg.meta.get(FRESH_KEY)
+    parts = raw.split(":") if isinstance(raw, str) else []
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 12 for p in parts):
+        return "stale", "no 'round:step' freshness stamp"
+    got = [int(p) for p in parts]
+    if got[0] != int(round) or (step is not None and got[1] != int(step)):
+        want = f"round {round}" + (f", step {step}" if step is not None else "")
+        return "stale", f"stamped round {got[0]}, step {got[1]}; expected {want} (a replayed or re-ordered message)"
+    return None
+
+
 def count_reasons(rejections: Iterable[Rejection]) -> dict[str, int]:
     """reason -> number of rejections."""
     out: dict[str, int] = {}
@@ -252,6 +286,6 @@ def count_reasons(rejections: Iterable[Rejection]) -> dict[str, int]:
     return out
 
 
-__all__ = ["REASONS", "NORM_MIN_GROUP", "Expectation", "ExpectedShapes", "InvalidMessageError", "Rejection",
+__all__ = ["FRESH_KEY", "freshness_problem", "stamp", "REASONS", "NORM_MIN_GROUP", "Expectation", "ExpectedShapes", "InvalidMessageError", "Rejection",
            "ValidationPolicy", "Validator", "all_finite", "content_problem", "count_reasons", "message_norm", "norm_outliers",
            "shape_problem"]

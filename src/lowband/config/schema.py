@@ -25,6 +25,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 import tomli_w
 
+from lowband.aggregation.config import AggregationConfig  # import-light: pydantic only at module level
+from lowband.attacks.config import ByzantineConfig
 
 class Facts(TypedDict, total=False):
     """What the schema's validators need from the rest of lowband, supplied by the resolver
@@ -196,6 +198,7 @@ class FaultsConfig(_Strict):
     straggler: float = Field(0.0, ge=0, le=1, description="probability that a node is slow in a round")
     slowdown: float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
     deadline: Optional[float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
+    byzantine: Optional[ByzantineConfig] = None  # [faults.byzantine]: attackers (lowband.attacks)
 
     @model_validator(mode="after")
     def _straggler_needs_deadline(self) -> "FaultsConfig":
@@ -372,6 +375,7 @@ class Experiment(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     #: link models (simulated time); None: not timed, and nothing about time is written
     links: Optional[LinksConfig] = None
+    aggregation: Optional[AggregationConfig] = None  # [aggregation]: a robust rule (lowband.aggregation); None: none
     log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("device")

@@ -20,6 +20,8 @@ Refused (:class:`~lowband.config.ConfigError`, the CLI's exit status 2):
   change shape or coordinates between rounds (``Algorithm.unaligned_kinds``: FedCSPACK's
   packs, DisPFL's masked values, FedSPU's sub-models, FedMD's alignment logits, NTK-DFL's
   per-example payloads);
+- an ``[aggregation]`` rule on an algorithm whose aggregation does not go through the hook
+  (``Algorithm.aggregation_hook``: FedCSPACK, KTA, FOL ...; lowband.aggregation.install);
 
 Warned once per run (:class:`LowbandWarning`, by :class:`TrafficWatch` reading the
 ledger after each evaluated round):
@@ -55,6 +57,8 @@ import warnings
 from collections import deque
 from typing import Any, Optional, Sequence
 
+from lowband.aggregation.install import check as aggregation_check
+from lowband.aggregation.install import install as aggregation_install
 from lowband.config.schema import STAR_SAMPLING_KEYS, TOPOLOGY_KEYS, ConfigError, Experiment
 
 #: topology kinds that give peer links (RoundPlan.neighbors)
@@ -235,6 +239,8 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
     if exp.eval.protocols:
         _check_protocols(alg, exp.eval.protocols, has_local_test=exp.data.split[2] > 0)
     _check_codec_state(exp, alg)
+    aggregation_check(exp, alg)  # [aggregation] on an algorithm without the hook (lowband.aggregation.install)
+    aggregation_install(exp, alg)  # the rule and [faults.byzantine] onto this algorithm object (refusing what they cannot do)
 
 
 def _check_codec_state(exp: Experiment, alg: Any) -> None:

@@ -114,6 +114,7 @@ class SerialExecutor:
             node=node, round=round, plan=plan, data=data, model=self.model_for(node),
             hp=env.algorithm.hp, seed=env.seed, num_nodes=env.num_nodes, num_classes=env.num_classes,
             init_params=lambda n=node: env.init_params(n), public_x=env.public_x,
+            aggregation=env.algorithm.aggregation,
         )
 
     # -- work ----------------------------------------------------------------------------

@@ -55,12 +55,29 @@ class DFedAvgHP(LocalSGD):
     momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum, reset every round")
 
 
+def neighbourhood_average(ctx: NodeContext, own: Params, inbox: list[Envelope]) -> Params:
+    """The uniform average of the closed neighbourhood (own model first, then the inbox),
+    through the ``[aggregation]`` hook around the node's own model (a peer rule sees the
+    neighbours' models minus ``own``, and its own zero update)."""
+    models = [own] + [e.msg.tensors for e in inbox]
+    return ctx.aggregate(models, [1.0] * len(models), own, senders=[ctx.node] + [e.src for e in inbox],
+                         plain=lambda: weighted_average(models))
+
+
 class GossipAlgorithm(Algorithm):
     """Local training, then synchronous closed-neighbourhood averaging."""
 
     family = "peer"
     default_protocols = ("consensus", "node_global")
     default_main = "consensus/acc"
+    #: the neighbourhood average goes through ctx.aggregate; a subclass overriding
+    #: ``average`` or ``steps`` gets False unless it says otherwise
+    aggregation_hook = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "aggregation_hook" not in cls.__dict__ and ("average" in cls.__dict__ or "steps" in cls.__dict__):
+            cls.aggregation_hook = False
 
     def init_node(self, ctx: NodeContext) -> State:
         return {"params": ctx.init_params()}
@@ -83,8 +100,7 @@ class GossipAlgorithm(Algorithm):
     train_send = LocalSGDStep(train_job, send_trained)
 
     def average(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-        models = [state["params"]] + [e.msg.tensors for e in inbox]
-        return {**state, "params": weighted_average(models)}, Outbox()
+        return {**state, "params": neighbourhood_average(ctx, state["params"], inbox)}, Outbox()
 
 
 @register
@@ -127,6 +143,7 @@ class DPSGD(Algorithm):
 
     name = "dpsgd"
     family = "peer"
+    aggregation_hook = True
     paper = "Lian et al., Can Decentralized Algorithms Outperform Centralized Algorithms?, NeurIPS 2017"
     Hyperparams = DPSGDHP
     default_protocols = ("consensus", "node_global")
@@ -153,7 +170,7 @@ class DPSGD(Algorithm):
 
     def mix_step(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         """Lines 3-4: x_i <- sum_j W_ij x_j - lr * g_i (uniform W over the closed neighbourhood)."""
-        mixed = weighted_average([state["params"]] + [e.msg.tensors for e in inbox])
+        mixed = neighbourhood_average(ctx, state["params"], inbox)
         new = sgd_update(mixed, state["grad"], self.hp.lr)
         return {"params": new, "loss": state["loss"]}, Outbox()
 

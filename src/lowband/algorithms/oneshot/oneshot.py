@@ -33,6 +33,7 @@ class OneShotFedAvg(_OneShotBase):
     name = "oneshot_fedavg"
     paper = "McMahan et al., AISTATS 2017, as the one-shot baseline of Huang & Shu, ICML 2025"
     Hyperparams = OneShotFedAvgHP
+    aggregation_hook = True
 
     def _collect(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         if not self.is_target(ctx.node) or not inbox:
@@ -40,13 +41,17 @@ class OneShotFedAvg(_OneShotBase):
         arch = self._arch(ctx, state)
         mine = arch_key(arch)
         models = [state["params"]]
+        senders = [ctx.node]
         for env in sorted(inbox, key=lambda e: e.src):
             other = read_arch(str(env.msg.meta["arch"]))
             if arch_key(other) != mine:
                 raise ValueError(f"oneshot_fedavg: node {ctx.node} received a model of another architecture from "
                                  f"node {env.src}; parameter averaging needs one architecture")
             models.append(to_native(env.msg.tensors, arch))
-        return {**state, "params": weighted_average(models)}, Outbox()
+            senders.append(env.src)
+        new = ctx.aggregate(models, [1.0] * len(models), state["params"], senders=senders,
+                            plain=lambda: weighted_average(models))  # the [aggregation] hook (a peer rule)
+        return {**state, "params": new}, Outbox()
 
     def node_metrics(self, ctx: NodeContext, state: State) -> dict[str, float]:
         if not self.is_target(ctx.node) or not state.get("pretrained"):

@@ -27,7 +27,7 @@ from lowband.algorithms.server.server_opt import DEFAULT_SERVER_LR, KNOB_READERS
 from lowband.comm.message import Message
 from lowband.train.cohort import LocalSGDStep, SGDJob
 from lowband.topology import RoundPlan
-from lowband.train import Params, TrainStats, sub, weighted_average
+from lowband.train import Params, TrainStats, sub
 
 
 class FedAvgClientHP(LocalSGD):
@@ -88,6 +88,14 @@ class FedAvg(Algorithm):
     default_protocols = ("global", "personal")
     default_main = "personal/acc_weighted"
     personalized = False
+    #: the server's average goes through ctx.aggregate (lowband.aggregation); a subclass
+    #: that overrides ``server_aggregate`` or ``steps`` gets False unless it says otherwise
+    aggregation_hook = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "aggregation_hook" not in cls.__dict__ and ("server_aggregate" in cls.__dict__ or "steps" in cls.__dict__):
+            cls.aggregation_hook = False
 
     def init_node(self, ctx: NodeContext) -> State:
         return {}
@@ -111,12 +119,14 @@ class FedAvg(Algorithm):
             return state, Outbox()
         glob = state["params"]
         weights = [float(e.msg.meta["num_examples"]) for e in inbox]
+        senders = [e.src for e in inbox]
         if self.hp.upload == "weights":
             models = [_complete(e.msg.tensors, glob) for e in inbox]
-            avg = weighted_average(models, weights)
+            avg = ctx.aggregate(models, weights, glob, senders=senders)  # the [aggregation] hook
             delta = sub(avg, glob)
         else:
-            delta = weighted_average([_complete(e.msg.tensors, glob, zero=True) for e in inbox], weights)
+            deltas = [_complete(e.msg.tensors, glob, zero=True) for e in inbox]
+            delta = ctx.aggregate_updates(deltas, weights, glob, senders=senders)
         return self.server_apply(ctx, state, delta), Outbox()
 
     def server_apply(self, ctx: NodeContext, state: State, delta: Params) -> State:

@@ -24,6 +24,12 @@ the paper's). Averages are uniform over the replies that arrived, as in Algorith
 FedAvg's sample weights); c's step 1/N keeps c the mean of all N clients' c_i. Local SGD
 defaults are FedAvg's (the paper tunes eta_l per experiment); eta_g = 1 as in the paper's
 experiments. Clients keep c_i but no model: ``personal`` evaluates the global model.
+
+Under an ``[aggregation]`` rule (lowband.aggregation) the rule replaces the uniform mean of
+the Delta y_i, and, in a call of its own (its own counters), the sum of the Delta c_i:
+``c <- c + (|S|/N) rule(Delta c_i)``, so a poisoned control variate is screened like a
+poisoned model delta. The two calls select independently (Krum may keep a client's
+Delta y and drop its Delta c).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class Scaffold(Algorithm):
     default_protocols = ("global", "personal")
     default_main = "personal/acc_weighted"
     personalized = False
+    aggregation_hook = True
 
     def init_node(self, ctx: NodeContext) -> State:
         return {}  # c_i = 0 until the client first takes part
@@ -129,7 +136,17 @@ class Scaffold(Algorithm):
         dcs = [e.msg.tensors for e in inbox if e.msg.kind == "control_delta"]
         if dys:
             floats = {k: v for k, v in x.items() if is_float(v)}
-            x = add_scaled(x, mean(dys, floats), self.hp.server_lr)
+            senders = [e.src for e in inbox if e.msg.kind == "delta"]
+            avg = ctx.aggregate_updates([{k: d.get(k, torch.zeros_like(v)) for k, v in floats.items()} for d in dys],
+                                        [1.0] * len(dys), floats, senders=senders, plain=lambda: mean(dys, floats))
+            x = add_scaled(x, avg, self.hp.server_lr)
         if dcs:
-            c = add_scaled(c, {k: sum(d[k] for d in dcs if k in d) for k in c}, 1.0 / ctx.num_nodes)
+            if ctx.aggregation is None:
+                total = {k: sum(d[k] for d in dcs if k in d) for k in c}
+            else:  # the rule's aggregate of the Delta c_i, times |S| (the plain step sums them)
+                senders = [e.src for e in inbox if e.msg.kind == "control_delta"]
+                agg = ctx.aggregate_updates([{k: d.get(k, torch.zeros_like(v)) for k, v in c.items()} for d in dcs],
+                                            [1.0] * len(dcs), c, senders=senders)
+                total = {k: v * len(dcs) for k, v in agg.items()}
+            c = add_scaled(c, total, 1.0 / ctx.num_nodes)
         return {**state, "params": x, "c": c}, Outbox()
