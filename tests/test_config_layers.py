@@ -22,7 +22,8 @@ def test_schema_runs_no_other_lowband_module() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('lowband')))")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    assert out.strip() == "['lowband', 'lowband.config', 'lowband.config.schema']"
+    # lowband.version: the package's version string, which lowband/__init__ names
+    assert out.strip() == "['lowband', 'lowband.config', 'lowband.config.schema', 'lowband.version']"
 
 
 def test_schema_imports_nothing_of_lowband() -> None:

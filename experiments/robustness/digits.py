@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from lowband.attacks.observe import RobustSimulation
+from lowband.engine.simulator import Simulation
 from lowband.config import validate
 
 ATTACKS = [None, "sign_flip", "scaling", "gaussian", "label_flip", "alie", "ipm", "model_replacement"]
@@ -45,7 +45,7 @@ def main() -> None:
                 cfg = config(out, alg, attack, rule)
                 if (Path(cfg["out_dir"]) / "summary.json").exists():
                     continue
-                res = RobustSimulation(validate(cfg)).run()
+                res = Simulation(validate(cfg)).run()
                 last = res.metrics[-1]
                 row = {"algorithm": alg, "attack": attack or "none", "defence": (rule or {}).get("rule", "none"),
                        "metrics": {k: v for k, v in last.items() if "acc" in k or k.startswith(("robust/", "rejected/"))},

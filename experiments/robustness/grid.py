@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from lowband.attacks.observe import RobustSimulation
+from lowband.engine.simulator import Simulation
 from lowband.config import validate
 
 ATTACKS = ["none", "sign_flip", "scaling", "gaussian", "label_flip", "alie", "ipm", "model_replacement"]
@@ -84,7 +84,7 @@ def main() -> None:
                 cfg = config(a, attack, defence, codec)
                 if (Path(cfg["out_dir"]) / "summary.json").exists():
                     continue
-                res = RobustSimulation(validate(cfg)).run()
+                res = Simulation(validate(cfg)).run()
                 last = res.metrics[-1]
                 row = {"algorithm": a.algorithm, "attack": attack, "defence": defence, "codec": codec,
                        "metrics": {k: v for k, v in last.items() if "acc" in k or k.startswith(("robust/", "rejected/"))},

@@ -16,40 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-
-
-class AggregationConfig(BaseModel):
-    """The ``[aggregation]`` section: ``rule`` plus that rule's parameters."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    rule: Optional[str] = None
-
-    @model_validator(mode="after")
-    def _rule_and_params(self) -> "AggregationConfig":
-        from lowband.aggregation.rules import RULES
-
-        params = dict(self.model_extra or {})
-        if self.rule is None:
-            if params:
-                raise ValueError(f"{', '.join(sorted(params))} set without a rule; add rule = one of "
-                                 f"{', '.join(sorted(RULES))}")
-            return self
-        if self.rule not in RULES:
-            raise ValueError(f"unknown rule {self.rule!r}; available: {', '.join(sorted(RULES))}")
-        try:
-            RULES[self.rule].Params(**params)
-        except ValidationError as e:
-            err = e.errors()[0]
-            key = ".".join(str(p) for p in err["loc"]) or "?"
-            fields = ", ".join(RULES[self.rule].Params.model_fields) or "none"
-            raise ValueError(f"{key}: {err['msg']} (rule {self.rule!r} reads: {fields})") from None
-        return self
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+from lowband.config.schema import AggregationConfig
 
 
 def build_rule(cfg: Optional[AggregationConfig]) -> Any:

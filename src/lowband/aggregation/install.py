@@ -25,7 +25,7 @@ from lowband.aggregation.config import build_rule
 
 def check(exp: Any, alg: Any, plan: Any = None) -> None:
     """Refuse (ConfigError, one line) what ``[aggregation]`` cannot serve; see the module docstring."""
-    from lowband.config import ConfigError
+    from lowband.config.schema import ConfigError
 
     cfg = getattr(exp, "aggregation", None)
     rule = build_rule(cfg)

@@ -1,8 +1,6 @@
 """What a run measures of an attack and of the rules: honest metrics, backdoor accuracy,
-counters, summary. Written as observer callbacks (round end, evaluation, run end);
-:class:`RobustSimulation` plugs them into today's simulator through its existing methods
-(``_collect`` runs once per round, ``_evaluate`` per evaluated round, ``ledger_summary``
-feeds the summary) until the driver calls observers itself.
+counters, summary. The driver's :class:`~lowband.engine.observers.robustness.Robustness`
+observer calls these (it is in a run's observers when a rule or an attack is configured).
 
 Per evaluated round (metrics.jsonl):
 
@@ -26,10 +24,8 @@ from typing import Any, Optional
 
 import torch
 
-from lowband.aggregation.install import RobustnessRecorder, check
 from lowband.attacks.model import add_trigger
 from lowband.engine.evaluation import _eval_params, _node_params, _server_params
-from lowband.engine.simulator import Simulation
 from lowband.train import weighted_average
 
 
@@ -40,7 +36,7 @@ def backdoor_test(x: torch.Tensor, y: torch.Tensor, target: int) -> tuple[torch.
     return xs, torch.full((int(keep.sum()),), int(target), dtype=y.dtype, device=y.device)
 
 
-def attack_metrics(sim: Simulation, r: int, plan: Any) -> dict[str, float]:
+def attack_metrics(sim: Any, r: int, plan: Any) -> dict[str, float]:
     """The evaluated round's attack metrics (see the module docstring)."""
     attack = getattr(sim.alg, "attack", None)
     if attack is None:
@@ -72,40 +68,4 @@ def attack_metrics(sim: Simulation, r: int, plan: Any) -> dict[str, float]:
     return out
 
 
-class RobustSimulation(Simulation):
-    """:class:`Simulation` with the robustness observers (see the module docstring)."""
-
-    def __init__(self, exp: Any, **kwargs: Any):
-        super().__init__(exp, **kwargs)
-        from lowband.config import ConfigError
-
-        try:
-            check(exp, self.alg, self.topology.plan(0))
-        except ConfigError:
-            raise
-        self.recorder = RobustnessRecorder(self.num_nodes, self.alg.has_server)
-
-    # observer: round end
-    def _collect(self, round: int, diverged: Optional[list[tuple[int, int]]] = None) -> None:
-        super()._collect(round, diverged)
-        for r, per in self.recorder.drain(self.executor).items():
-            for k, v in per.items():
-                self._note(r, k, int(v))
-
-    # observer: evaluation
-    def _evaluate(self, r: int, plan: Any) -> dict[str, Any]:
-        rec = super()._evaluate(r, plan)
-        rec.update(attack_metrics(self, r, plan))
-        return rec
-
-    # observer: run end (summary)
-    def ledger_summary(self) -> dict[str, Any]:
-        out = super().ledger_summary()
-        attack = getattr(self.alg, "attack", None)
-        out["attack"] = attack.describe() if attack is not None else "none"
-        rule = getattr(self.alg, "aggregation", None)
-        out["aggregation"] = repr(rule) if rule is not None else "none"
-        return out
-
-
-__all__ = ["RobustSimulation", "attack_metrics", "backdoor_test"]
+__all__ = ["attack_metrics", "backdoor_test"]

@@ -221,7 +221,7 @@ def install(exp: Any, alg: Any, num_nodes: int) -> Optional[Attack]:
     """Refuse what the attack cannot do (ConfigError, one line), else wrap ``alg``'s steps
     (and, for the omniscient attacks, its aggregation); call after the aggregation rule is
     installed (lowband.aggregation.install). Returns the attack (None without one)."""
-    from lowband.config import ConfigError
+    from lowband.config.schema import ConfigError
 
     attack = build_attack(exp, num_nodes)
     if attack is None:

@@ -24,10 +24,11 @@ def facts() -> Facts:
     """What the schema's validators need from the rest of lowband (see :class:`~lowband.config.schema.Facts`)."""
     from lowband.comm.links import PRESETS, configured_profiles
     from lowband.device import check_spec
+    from lowband.aggregation.rules import RULES
     from lowband.metricdir import higher_is_better
 
     return Facts(link_presets=PRESETS, link_profiles=configured_profiles, device_spec=check_spec,
-                 higher_is_better=higher_is_better)
+                 higher_is_better=higher_is_better, aggregation_rules=RULES)
 
 
 def validate(raw: dict[str, Any]) -> Experiment:

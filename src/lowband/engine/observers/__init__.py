@@ -16,6 +16,7 @@ from lowband.engine.observers.diagnostics import Diagnostics
 from lowband.engine.observers.faults import Faults
 from lowband.engine.observers.incidents import Incidents
 from lowband.engine.observers.linkclock import LinkClock
+from lowband.engine.observers.robustness import Robustness
 from lowband.engine.observers.timing import Timing
 from lowband.engine.observers.views import Progress, TensorBoard
 from lowband.engine.observers.watches import Watches
@@ -39,6 +40,7 @@ def default_observers(sim: Any, *, traffic: Any, builder: Any, progress: Progres
         Diagnostics(),  # alg/* after time/*: the order of a metrics line
         Watches(traffic),
         Incidents(),
+        Robustness() if Robustness.wanted(exp) else None,
         sim.counters,
         Timing(),
         TensorBoard() if exp.log.tensorboard else None,
