@@ -50,8 +50,13 @@ class DataConfig(_Strict):
     download: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
     num_clients: int = Field(10, ge=1, le=100_000)
-    #: "given": the client ids of the user's data (dataset = "npz" with a client array)
-    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given"] = "iid"
+    #: "given": the client ids of the user's data (dataset = "npz" with a client array);
+    #: "index_map": the first num_clients clients of the file data.index_map (lowband.data.indexmap)
+    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map"] = "iid"
+    #: partition = "index_map": a JSON object client id -> indices into the training set (.json, .json.gz)
+    index_map: Optional[str] = None
+    #: the index map's sha256, resolved from the file when not given (a given one must match the file)
+    index_map_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$")
     alpha: Optional[float] = Field(None, gt=0)
     min_size: int = Field(10, ge=0)
     classes_per_client: int = Field(2, ge=1)
@@ -76,6 +81,13 @@ class DataConfig(_Strict):
     def _alpha_needed(self) -> "DataConfig":
         if self.partition == "dirichlet" and self.alpha is None:
             raise ValueError("alpha: partition 'dirichlet' needs alpha > 0 (e.g. alpha = 0.3)")
+        if self.partition == "index_map" and not self.index_map:
+            raise ValueError("index_map: partition 'index_map' needs data.index_map, the path of a JSON object "
+                             "client id -> training indices")
+        if self.partition != "index_map" and (self.index_map is not None or self.index_map_sha256 is not None):
+            key = "index_map" if self.index_map is not None else "index_map_sha256"
+            raise ValueError(f"{key}: read only with partition = 'index_map'; drop it or set data.partition = "
+                             f"'index_map'")
         return self
 
 
@@ -629,6 +641,7 @@ def _validate_plugins(exp: Experiment) -> None:
     except ValueError as exc:
         raise ConfigError(f"data.options: {exc}") from None
     _validate_user_data(exp)
+    _validate_index_map(exp)
     from lowband.comm.codecs import parse_codec
 
     for key, spec in [("comm.codec", exp.comm.codec)] + [
@@ -690,6 +703,26 @@ def _validate_user_data(exp: Experiment) -> None:
         elif d.num_clients != clients:
             raise ConfigError(f"data.num_clients: {d.path} gives {clients} distinct client ids and num_clients is "
                               f"{d.num_clients}; drop num_clients (it follows the file) or set it to {clients}")
+
+
+def _validate_index_map(exp: Experiment) -> None:
+    """``partition = "index_map"``: read and check the map (cached), refuse more nodes than
+    it has clients, and resolve ``data.index_map_sha256`` (a given one must match the file)."""
+    d = exp.data
+    if d.partition != "index_map":
+        return
+    from lowband.data.indexmap import IndexMapError, read_index_map
+
+    imap = read_index_map(d.index_map, d.data_dir)  # type: ignore[arg-type]
+    if d.num_clients > imap.num_clients:
+        raise IndexMapError(f"data.num_clients: {d.num_clients} nodes, and {d.index_map} holds {imap.num_clients} "
+                            f"clients; use at most {imap.num_clients} (a run takes the map's first num_clients)")
+    if d.index_map_sha256 is None:
+        d.index_map_sha256 = imap.sha256
+    elif d.index_map_sha256 != imap.sha256:
+        raise IndexMapError(f"data.index_map_sha256: {d.index_map} has sha256 {imap.sha256[:12]}..., the config "
+                            f"names {d.index_map_sha256[:12]}...; the file changed since: restore it, or drop "
+                            f"index_map_sha256 to take the file as it is now (a new run)")
 
 
 def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:

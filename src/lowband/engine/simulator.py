@@ -103,8 +103,17 @@ def make_federation(exp: Experiment) -> Federation:
         classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
         split=tuple(d.split), public_size=d.public_size, public_source=d.public_source,
         seed=exp.seed if d.seed is None else d.seed,
-        augment=d.augment,
+        augment=d.augment, index_map=_index_map(d),
     )
+
+
+def _index_map(d: Any) -> Any:
+    """The validated index map of ``partition = "index_map"`` (None for every other partition)."""
+    if d.partition != "index_map":
+        return None
+    from lowband.data.indexmap import read_index_map
+
+    return read_index_map(d.index_map, d.data_dir)
 
 
 def _input_stats(meta: dict) -> Optional[tuple[list[float], list[float]]]:
@@ -536,6 +545,8 @@ class Simulation:
                    **self.ledger_summary(), **chance.summary(),
                    **({"model_mix": self.model_sizes} if self.model_sizes else {}),
                    **({"data_sha256": self.fed.meta["sha256"]} if "sha256" in self.fed.meta else {}),
+                   **({"index_map": self.fed.meta["federation"]["index_map"]}
+                      if "index_map" in self.fed.meta.get("federation", {}) else {}),
                    **({"incidents": self._incident_record(0, exp.rounds)} if self.incidents else {})},
         )
         if self.timer is not None:  # simulated time to the main metric's target ([links] only)
