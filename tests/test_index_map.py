@@ -260,3 +260,15 @@ def test_the_refpart_configs_take_the_reference_partition(shared_data: Path, mon
             assert ours.topology == ref.topology and ours.eval == ref.eval and ours.rounds == ref.rounds
             fed = make_federation(ours)
             assert fed.meta["federation"]["index_map"]["clients"] == m
+
+
+def test_lowband_partition_says_what_the_map_gave(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write_map(tmp_path / "m.json.gz", digits_map(12))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps(config(tmp_path, p)))
+    rc, out, err = cli(capsys, "partition", cfg, "--out", tmp_path / "p.png")
+    assert rc == 0, err
+    sha = read_index_map(str(p)).sha256
+    assert (f"(sha256 {sha[:12]}): its first 8 of 12 clients, 320 indices, 285 distinct "
+            f"(35 held by more than one client)") in out
+    assert (tmp_path / "p.png").is_file()
