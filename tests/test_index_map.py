@@ -272,3 +272,15 @@ def test_lowband_partition_says_what_the_map_gave(tmp_path: Path, capsys: pytest
     assert (f"(sha256 {sha[:12]}): its first 8 of 12 clients, 320 indices, 285 distinct "
             f"(35 held by more than one client)") in out
     assert (tmp_path / "p.png").is_file()
+
+
+def test_a_map_is_read_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small file that inflates past the budget (a gzip bomb) is refused before it is parsed."""
+    import lowband.data.indexmap as im
+
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(gzip.compress(b'{"0": [' + b"1, " * 200_000 + b"1]}"))
+    assert p.stat().st_size < 10_000
+    monkeypatch.setattr(im, "MAX_BYTES", 100_000)
+    with pytest.raises(IndexMapError, match="holds more than"):
+        read_index_map(str(p))

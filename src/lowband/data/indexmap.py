@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -90,12 +91,17 @@ def resolve_index_map(path: str, data_dir: Optional[str] = None) -> Path:
                         f"training indices (.json or .json.gz), absolute or relative to the data folder")
 
 
-def _read_bytes(p: Path) -> bytes:
+def _read_bytes(p: Path) -> tuple[bytes, str]:
+    """The file's JSON text (decompressed if gzip) and the sha256 of the file's own bytes;
+    at most :data:`MAX_BYTES` of either is read."""
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-        if raw[:2] == b"\x1f\x8b":
-            with gzip.open(p, "rb") as g:
+        if p.stat().st_size > MAX_BYTES:
+            raise IndexMapError(f"data.index_map: {p} is over {MAX_BYTES // 2**20} MB; an index map of a few "
+                                f"hundred clients is well under 1 MB")
+        data = p.read_bytes()
+        raw = data
+        if data[:2] == b"\x1f\x8b":
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as g:
                 raw = g.read(MAX_BYTES + 1)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         msg = " ".join(str(exc).split()) or type(exc).__name__
@@ -103,7 +109,7 @@ def _read_bytes(p: Path) -> bytes:
     if len(raw) > MAX_BYTES:
         raise IndexMapError(f"data.index_map: {p} holds more than {MAX_BYTES // 2**20} MB of JSON; "
                             f"an index map of a few hundred clients is well under 1 MB")
-    return raw
+    return raw, hashlib.sha256(data).hexdigest()
 
 
 def _client(p: Path, key: str, value: Any) -> np.ndarray:
@@ -129,8 +135,7 @@ def _client(p: Path, key: str, value: Any) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def _parsed(path: str, stamp: tuple[int, int]) -> IndexMap:
     p = Path(path)
-    raw = _read_bytes(p)
-    sha = hashlib.sha256(p.read_bytes()).hexdigest()
+    raw, sha = _read_bytes(p)
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
