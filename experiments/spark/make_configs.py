@@ -64,6 +64,8 @@ TABLE3 = {"dpsgd": (81.05, 82.54, 82.61), "dfedsam": (82.60, 83.70, 84.63), "dis
 REF_NTKDFL = {10: {1: (43.66, 46.24), 2: (53.44, 59.72), 3: (54.41, 58.72), 4: (59.98, 63.77)},
               30: {1: (48.79, 58.63)}}
 REF_ROUNDS = 4
+#: the NTK-DFL partitions as index maps, under the data folder (shared/data/README.md)
+REF_MAPS = "ntk_dfl_partitions"
 #: the authors' DFedAvg, 300 nodes, alpha 0.1: round -> aggregated accuracy %
 REF_DFEDAVG = {1: 60.81, 2: 69.57, 3: 72.44, 5: 76.48, 10: 79.91, 15: 81.49, 20: 82.63, 25: 83.29, 30: 83.64}
 
@@ -285,6 +287,42 @@ def main() -> None:
              config=f"{REL}/dfedavg_a0.1.toml", metric="consensus/acc", round=r, paper=agg)
     cell(id="ref_dfedavg/r30/client", table="ref_dfedavg", row="DFedAvg, round 30",
          config=f"{REL}/dfedavg_a0.1.toml", metric="node_global/acc", round=30, paper=78.93)
+
+    # the same runs on the authors' own partitions (issue 45): data.partition = "index_map" reads
+    # ntk_dfl_partitions/ under the data folder; a run at M nodes takes the map's first M clients,
+    # as the authors' code did. "refpart": the partition behind their per-round reference numbers
+    # (reference_recipe_a0.1_seed0, 300 clients); "fmnist300_a<alpha>_<draw>": their repository's maps.
+    refmap = {"partition": "index_map", "index_map": f"{REF_MAPS}/reference_recipe_a0.1_seed0.json.gz"}
+    for m in REF_NTKDFL:
+        for order in ("synchronous", "sequential"):
+            cid = f"ntkdfl_refpart_m{m}" + ("_seq" if order == "sequential" else "")
+            _, cfg, _ = config("ntk_dfl", "a0.1", extra={"lr": 0.01, "lr_decay": 0.07, "taus": [100],
+                                                         "order": order})
+            cfg["name"] = f"spark-fmnist-{cid}"
+            cfg["data"] = {"dataset": "fashion_mnist", "num_clients": m, **refmap}
+            cfg["rounds"] = REF_ROUNDS
+            add(cid, cfg)
+    _, cfg, _ = config("dfedavg", "a0.1")
+    cfg["name"] = "spark-fmnist-dfedavg_refpart"
+    cfg["data"] = {"dataset": "fashion_mnist", "num_clients": 300, **refmap}
+    cfg["rounds"] = KERNEL_ROUNDS
+    add("dfedavg_refpart", cfg)
+    # the 300-node setting on the authors' committed maps: NTK-DFL with the reference's taus and
+    # order (main.py: synchronous) and with the spec's taus [100], DFedAvg and SPARK's default, 30 rounds
+    for alpha in ("0.1", "0.5"):
+        for draw in (0, 1):
+            tag = f"fmnist300_a{alpha}_{draw}"
+            data = {"dataset": "fashion_mnist", "num_clients": 300, "partition": "index_map",
+                    "index_map": f"{REF_MAPS}/{tag}.json.gz"}
+            for method, extra, suffix in (("ntk_dfl", {"taus": REF_TAUS}, "_taus8"), ("ntk_dfl", {}, ""),
+                                          ("dfedavg", {}, ""),
+                                          ("spark", DEFAULT_SCHEDULE, DEFAULT_TAG)):
+                cid, cfg, _ = config(method, "a0.1", extra=extra, suffix=suffix)
+                cid = f"{method}{suffix}_refpart_{tag}"
+                cfg["name"] = f"spark-fmnist-{cid}"
+                cfg["data"] = dict(data)
+                cfg["rounds"] = KERNEL_ROUNDS
+                add(cid, cfg)
 
     for old in HERE.glob("*.toml"):
         if old.name != "reproduce.toml":

@@ -161,6 +161,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
     print(f"{exp.data.dataset}: {len(fed.nodes)} clients, partition={exp.data.partition}"
           + (f", alpha={exp.data.alpha}" if exp.data.alpha else "")
           + f"; global test {int(fed.global_test_y.shape[0])}; public {int(fed.public_y.shape[0])}")
+    imap = fed.meta["federation"].get("index_map")
+    if imap:
+        print(f"index map {exp.data.index_map} (sha256 {imap['sha256'][:12]}): its first {imap['clients']} of "
+              f"{imap['of']} clients, {imap['indices']} indices, {imap['distinct']} distinct ({imap['shared']} "
+              f"held by more than one client)")
     print("client " + " ".join(f"{j:>5}" for j in range(c)) + "   total  train   val  test")
     show = range(len(fed.nodes)) if args.all or len(fed.nodes) <= 40 else list(range(20)) + list(range(len(fed.nodes) - 5, len(fed.nodes)))
     prev = -1

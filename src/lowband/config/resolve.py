@@ -108,6 +108,7 @@ def _validate_plugins(exp: Experiment) -> None:
     from lowband.data.userdata import resolve_user_data
 
     resolve_user_data(exp.data)
+    _validate_index_map(exp)
     from lowband.comm.codecs import parse_codec
 
     for key, spec in [("comm.codec", exp.comm.codec)] + [
@@ -158,3 +159,23 @@ def topology_defaults(kind: str) -> dict[str, Any]:
         b = built.get("path" if key == "plan_file" else key)
         out[key] = b if (v is None or (kind == "ring" and key == "k")) else v
     return out
+
+
+def _validate_index_map(exp: Experiment) -> None:
+    """``partition = "index_map"``: read and check the map (cached), refuse more nodes than
+    it has clients, and resolve ``data.index_map_sha256`` (a given one must match the file)."""
+    d = exp.data
+    if d.partition != "index_map":
+        return
+    from lowband.data.indexmap import IndexMapError, read_index_map
+
+    imap = read_index_map(d.index_map, d.data_dir)  # type: ignore[arg-type]
+    if d.num_clients > imap.num_clients:
+        raise IndexMapError(f"data.num_clients: {d.num_clients} nodes, and {d.index_map} holds {imap.num_clients} "
+                            f"clients; use at most {imap.num_clients} (a run takes the map's first num_clients)")
+    if d.index_map_sha256 is None:
+        d.index_map_sha256 = imap.sha256
+    elif d.index_map_sha256 != imap.sha256:
+        raise IndexMapError(f"data.index_map_sha256: {d.index_map} has sha256 {imap.sha256[:12]}..., the config "
+                            f"names {d.index_map_sha256[:12]}...; the file changed since: restore it, or drop "
+                            f"index_map_sha256 to take the file as it is now (a new run)")

@@ -152,8 +152,13 @@ class DataConfig(_Strict):
     download: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
     num_clients: int = Field(10, ge=1, le=100_000)
-    #: "given": the client ids of the user's data (dataset = "npz" with a client array)
-    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given"] = "iid"
+    #: "given": the client ids of the user's data (dataset = "npz" with a client array);
+    #: "index_map": the first num_clients clients of the file data.index_map (lowband.data.indexmap)
+    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map"] = "iid"
+    #: partition = "index_map": a JSON object client id -> indices into the training set (.json, .json.gz)
+    index_map: Optional[str] = None
+    #: the index map's sha256, resolved from the file when not given (a given one must match the file)
+    index_map_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$")
     alpha: Optional[float] = Field(None, gt=0)
     min_size: int = Field(10, ge=0)
     classes_per_client: int = Field(2, ge=1)
@@ -178,6 +183,13 @@ class DataConfig(_Strict):
     def _alpha_needed(self) -> "DataConfig":
         if self.partition == "dirichlet" and self.alpha is None:
             raise ValueError("alpha: partition 'dirichlet' needs alpha > 0 (e.g. alpha = 0.3)")
+        if self.partition == "index_map" and not self.index_map:
+            raise ValueError("index_map: partition 'index_map' needs data.index_map, the path of a JSON object "
+                             "client id -> training indices")
+        if self.partition != "index_map" and (self.index_map is not None or self.index_map_sha256 is not None):
+            key = "index_map" if self.index_map is not None else "index_map_sha256"
+            raise ValueError(f"{key}: read only with partition = 'index_map'; drop it or set data.partition = "
+                             f"'index_map'")
         return self
 
 

@@ -42,8 +42,17 @@ def make_federation(exp: Experiment) -> Federation:
         classes_per_client=d.classes_per_client, samples_per_client=d.samples_per_client,
         split=tuple(d.split), public_size=d.public_size, public_source=d.public_source,
         seed=exp.seed if d.seed is None else d.seed,
-        augment=d.augment,
+        augment=d.augment, index_map=_index_map(d),
     )
+
+
+def _index_map(d: Any) -> Any:
+    """The validated index map of ``partition = "index_map"`` (None for every other partition)."""
+    if d.partition != "index_map":
+        return None
+    from lowband.data.indexmap import read_index_map
+
+    return read_index_map(d.index_map, d.data_dir)
 
 
 def federation_of_config(path: str | Path) -> Any:

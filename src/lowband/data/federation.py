@@ -25,6 +25,7 @@ Node tensors are index-selected copies, so a node may modify its own data freely
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,9 +34,12 @@ from ..seeding import np_gen
 from . import partition as P
 from .sources import Dataset
 
+if TYPE_CHECKING:
+    from .indexmap import IndexMap
+
 __all__ = ["NodeData", "Federation", "build_federation", "PARTITIONS"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural", "given")
+PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map")
 
 
 @dataclass(repr=False)
@@ -166,13 +170,19 @@ def build_federation(
     seed: int = 0,
     max_retries: int = 1000,
     augment: str | None = None,
+    index_map: "IndexMap | None" = None,
 ) -> Federation:
     """Deal ``dataset``'s training set out to ``num_clients`` nodes.
 
     ``partition``: ``iid`` (disjoint near-equal shards), ``dirichlet`` (needs ``alpha``;
     ``min_size``, ``max_retries``), ``shards`` (``classes_per_client``), ``ntk_fl``
     (``alpha``, None = IID; ``samples_per_client``; nodes may overlap) or ``natural``
-    (the dataset's own clients, e.g. ``synthetic``). ``split`` = local (train, val, test)
+    (the dataset's own clients, e.g. ``synthetic``) or ``index_map`` (the first
+    ``num_clients`` clients of ``index_map``, a :class:`~lowband.data.indexmap.IndexMap`
+    of indices into the training set; samples taken for the public set are dropped from
+    them, as with ``natural``; ``meta["federation"]["index_map"]`` records what was taken).
+    Local splits and the global test set are built as for every other partition, so only
+    the partition changes. ``split`` = local (train, val, test)
     ratios. ``augment``: None, or a preset of :data:`lowband.data.augment.AUGMENTS`
     ("fol") applied to every client's train/val/test images (not to the global test set
     or the public set). Raises ValueError (PartitionError is one) for impossible requests.
@@ -197,10 +207,13 @@ def build_federation(
 
     public = _public_indices(labels, public_size, public_source, dataset.num_classes, seed)
     pool = np.setdiff1d(np.arange(n, dtype=np.int64), public, assume_unique=True)
-    if partition != "ntk_fl" and num_clients > pool.size:
+    if partition not in ("ntk_fl", "index_map") and num_clients > pool.size:
         raise ValueError(f"num_clients={num_clients} exceeds the {pool.size} training samples left for clients")
     rng = np_gen(seed, "partition", partition)
     pool_y = labels[pool]
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[pool] = np.arange(pool.size)
+    taken = None
 
     if partition == "iid":
         local = P.iid(pool.size, num_clients, rng)
@@ -212,6 +225,16 @@ def build_federation(
         local = P.shards(pool_y, num_clients, classes_per_client, rng)
     elif partition == "ntk_fl":
         local = P.ntk_fl(pool_y, num_clients, alpha, rng, samples_per_client=samples_per_client)
+    elif partition == "index_map":
+        from .indexmap import select, stats
+
+        if index_map is None:
+            raise ValueError("partition='index_map' needs index_map (lowband.data.indexmap.read_index_map(path))")
+        chosen = select(index_map, num_clients, n)
+        taken = stats(index_map, chosen)
+        local = [pos[p] for p in chosen]
+        local = [p[p >= 0] for p in local]  # drop samples taken for the public set
+        _check_client_sizes(local, split, list(index_map.ids))
     else:  # natural / given: the dataset's own clients (synthetic) or the user's client ids (npz)
         if dataset.natural_partition is None:
             what = "client ids (an npz with a client array)" if partition == "given" else "its own clients"
@@ -222,8 +245,6 @@ def build_federation(
                 f"partition={partition!r}: {dataset.name} defines {len(dataset.natural_partition)} clients, "
                 f"num_clients={num_clients}; set num_clients to match"
             )
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[pool] = np.arange(pool.size)
         local = [pos[np.asarray(p, dtype=np.int64)] for p in dataset.natural_partition]
         local = [p[p >= 0] for p in local]  # drop samples taken for the public set
         _check_client_sizes(local, split, dataset.meta.get("client_ids"))
@@ -246,6 +267,7 @@ def build_federation(
     meta["federation"] = {
         "partition": partition, "alpha": alpha, "num_clients": num_clients, "split": list(split),
         "public_size": public_size, "public_source": public_source, "seed": seed,
+        **({"index_map": taken} if taken is not None else {}),
     }
     return Federation(
         name=dataset.name,

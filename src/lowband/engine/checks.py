@@ -333,6 +333,7 @@ def _schema_default(key: str, section: str = "topology") -> Any:
 PARTITION_KEYS: dict[str, tuple[str, ...]] = {
     "iid": (), "dirichlet": ("alpha", "min_size"), "shards": ("classes_per_client",),
     "ntk_fl": ("alpha", "samples_per_client"), "natural": (), "given": (),
+    "index_map": (),
 }
 
 

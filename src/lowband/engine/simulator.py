@@ -409,7 +409,9 @@ class Simulation:
                    "model": exp.model.name, "model_params": self.model_size, "num_nodes": self.num_nodes,
                    "num_classes": fed.num_classes, "seed": exp.seed, "protocols": self.protocols,
                    **self.ledger_summary(), **({"model_mix": self.model_sizes} if self.model_sizes else {}),
-                   **({"data_sha256": fed.meta["sha256"]} if "sha256" in fed.meta else {})},
+                   **({"data_sha256": fed.meta["sha256"]} if "sha256" in fed.meta else {}),
+                   **({"index_map": fed.meta["federation"]["index_map"]}
+                      if "index_map" in fed.meta.get("federation", {}) else {})},
         )
         self._notify("on_run_end", run, summary)
         if run.log is not None:
