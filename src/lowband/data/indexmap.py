@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lowband.config import ConfigError
+from lowband.config.schema import ConfigError
 
 __all__ = ["IndexMap", "IndexMapError", "MAX_BYTES", "read_index_map", "resolve_index_map", "select", "stats"]
 
