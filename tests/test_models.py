@@ -24,6 +24,7 @@ CASES: dict[str, tuple[tuple[int, ...], dict, int]] = {
     "text_bag": ((12,), {"vocab_size": VOCAB}, 4),
     "text_cnn": ((12,), {"vocab_size": VOCAB, "num_filters": 8}, 4),
     "logreg": ((60,), {}, 10),
+    "char_lstm": ((12,), {"vocab_size": VOCAB, "hidden": 16}, 4),
 }
 
 

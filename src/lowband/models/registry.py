@@ -22,6 +22,7 @@ from .cnn import (
     build_fol_wildfire_cnn,
     build_simplecnn,
 )
+from .lstm import build_char_lstm
 from .mlp import build_logreg, build_mlp
 from .resnet import build_resnet18
 from .text import build_text_bag, build_text_cnn
@@ -119,6 +120,12 @@ MODELS: dict[str, ModelInfo] = {
             build_text_cnn,
             "tokens",
             "Kim (2014) TextCNN, kernels 3/4/5, max over time",
+        ),
+        _info(
+            "char_lstm",
+            build_char_lstm,
+            "tokens",
+            "LEAF/FedAvg Shakespeare LSTM: embedding 8 -> 2 x LSTM 256 -> linear (817,872 params, 80 symbols)",
         ),
         _info(
             "logreg",
