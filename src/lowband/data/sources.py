@@ -164,6 +164,9 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 
+#: sources of token ids (text): image-only methods and augmentations refuse them (engine.checks)
+TEXT_DATASETS = ("ag_news", "shakespeare", "leaf_shakespeare", "leaf_sent140")
+
 #: sources whose files are found by pattern in the data folder (no fixed list to check or download)
 FOLDER_SOURCES = ("leaf_femnist", "leaf_shakespeare", "leaf_sent140")
 
