@@ -24,6 +24,7 @@ from .cnn import (
 )
 from .lstm import build_char_lstm
 from .mlp import build_logreg, build_mlp
+from .pfl import build_pfl_simple_cnn
 from .resnet import build_resnet18
 from .text import build_text_bag, build_text_cnn
 
@@ -120,6 +121,12 @@ MODELS: dict[str, ModelInfo] = {
             build_text_cnn,
             "tokens",
             "Kim (2014) TextCNN, kernels 3/4/5, max over time",
+        ),
+        _info(
+            "pfl_simple_cnn",
+            build_pfl_simple_cnn,
+            "image",
+            "pfl-research's CIFAR-10 benchmark simple_cnn: conv 32, conv 64, pool, fc 128 (1,626,442 params)",
         ),
         _info(
             "char_lstm",
