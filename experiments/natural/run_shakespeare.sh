@@ -4,13 +4,13 @@
 #   LOWBAND_DATA=../shared/data experiments/natural/run_shakespeare.sh [out_root]
 set -euo pipefail
 root="${1:-runs/natural}"
-py="${PYTHON:-python}"
+lowband="${LOWBAND:-lowband}"
 for name in shakespeare_fedavg shakespeare_fedavg_qsgd4 shakespeare_fedavg_ef_topk shakespeare_fedadam; do
   out="$root/$name"
   resume=()
   [ -f "$out/config.toml" ] && resume=(--resume)
   [ -f "$out/summary.json" ] && { echo "done: $out"; continue; }
   echo "$(date -u +%FT%TZ) start $name"
-  "$py" -m lowband.cli run "experiments/natural/$name.toml" "out_dir=\"$out\"" "${resume[@]}"
+  "$lowband" run "experiments/natural/$name.toml" "out_dir=\"$out\"" "${resume[@]}"
   echo "$(date -u +%FT%TZ) end $name"
 done

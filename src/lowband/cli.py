@@ -194,8 +194,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
           + (f", alpha={exp.data.alpha}" if exp.data.alpha else "")
           + f"; global test {int(fed.global_test_y.shape[0])}; public {int(fed.public_y.shape[0])}")
     sizes = counts.sum(axis=1)
-    print(f"samples per client: mean {sizes.mean():.1f} std {sizes.std():.1f} min {int(sizes.min())} "
-          f"max {int(sizes.max())}; total {int(sizes.sum())}")
     for line in fed.meta.get("stats_lines", []):  # a natural source's own statistics (shakespeare)
         print(line)
     shown = counts if c <= 20 else counts[:, :0]  # many classes (characters): totals only
