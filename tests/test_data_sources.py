@@ -232,7 +232,8 @@ def test_synthetic_fedprox_generator() -> None:
 
 
 def test_registry_options_and_names_are_validated() -> None:
-    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "ag_news", "digits", "synthetic", "npz", "csv"}
+    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "ag_news", "digits", "synthetic", "npz", "csv",
+                             "shakespeare", "leaf_femnist", "leaf_shakespeare", "leaf_sent140"}
     assert DATASETS["ag_news"].options["vocab_size"] == 20000 and DATASETS["digits"].needs_files == ()
     for call, expect in [
         (lambda: load_dataset("imagenet"), "unknown dataset 'imagenet'"),

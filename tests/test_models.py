@@ -24,6 +24,8 @@ CASES: dict[str, tuple[tuple[int, ...], dict, int]] = {
     "text_bag": ((12,), {"vocab_size": VOCAB}, 4),
     "text_cnn": ((12,), {"vocab_size": VOCAB, "num_filters": 8}, 4),
     "logreg": ((60,), {}, 10),
+    "char_lstm": ((12,), {"vocab_size": VOCAB, "hidden": 16}, 4),
+    "pfl_simple_cnn": ((3, 32, 32), {}, 10),
 }
 
 
@@ -52,6 +54,7 @@ def test_every_registered_model_has_a_case():
         ("cnn_fmnist", (1, 28, 28), {}, 100_816),
         ("cnn_cifar", (3, 32, 32), {}, 541_094),
         ("simplecnn", (3, 32, 32), {}, 62_006),
+        ("pfl_simple_cnn", (3, 32, 32), {}, 896 + 18_496 + 1_605_760 + 1_290),
         ("fol_cnn", (3, 32, 32), {}, 3584 + 147_584 + 147_584 + 20_490),
         ("resnet18", (3, 32, 32), {}, 11_173_962),
         ("resnet18", (3, 32, 32), {"norm": "gn"}, 11_173_962),

@@ -166,15 +166,19 @@ def cmd_partition(args: argparse.Namespace) -> int:
         print(f"index map {exp.data.index_map} (sha256 {imap['sha256'][:12]}): its first {imap['clients']} of "
               f"{imap['of']} clients, {imap['indices']} indices, {imap['distinct']} distinct ({imap['shared']} "
               f"held by more than one client)")
-    print("client " + " ".join(f"{j:>5}" for j in range(c)) + "   total  train   val  test")
+    sizes = counts.sum(axis=1)
+    for line in fed.meta.get("stats_lines", []):  # a natural source's own statistics (shakespeare)
+        print(line)
+    shown = counts if c <= 20 else counts[:, :0]  # many classes (characters): totals only
+    print("client " + " ".join(f"{j:>5}" for j in range(shown.shape[1])) + "   total  train   val  test")
     show = range(len(fed.nodes)) if args.all or len(fed.nodes) <= 40 else list(range(20)) + list(range(len(fed.nodes) - 5, len(fed.nodes)))
     prev = -1
     for i in show:
         if i != prev + 1:
             print("  ...")
         nd = fed.nodes[i]
-        print(f"{i:>6} " + " ".join(f"{int(v):>5}" for v in counts[i])
-              + f" {int(counts[i].sum()):>7} {nd.n_train:>6} {int(nd.val_y.shape[0]):>5} {int(nd.test_y.shape[0]):>5}")
+        print(f"{i:>6} " + " ".join(f"{int(v):>5}" for v in shown[i])
+              + f" {int(sizes[i]):>7} {nd.n_train:>6} {int(nd.val_y.shape[0]):>5} {int(nd.test_y.shape[0]):>5}")
         prev = i
     out = Path(args.out or f"partition_{exp.name}.png")
     plot_partition(counts, out, title=f"{exp.data.dataset} {exp.data.partition}"

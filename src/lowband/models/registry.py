@@ -22,7 +22,9 @@ from .cnn import (
     build_fol_wildfire_cnn,
     build_simplecnn,
 )
+from .lstm import build_char_lstm
 from .mlp import build_logreg, build_mlp
+from .pfl import build_pfl_simple_cnn
 from .resnet import build_resnet18
 from .text import build_text_bag, build_text_cnn
 
@@ -119,6 +121,18 @@ MODELS: dict[str, ModelInfo] = {
             build_text_cnn,
             "tokens",
             "Kim (2014) TextCNN, kernels 3/4/5, max over time",
+        ),
+        _info(
+            "pfl_simple_cnn",
+            build_pfl_simple_cnn,
+            "image",
+            "pfl-research's CIFAR-10 benchmark simple_cnn: conv 32, conv 64, pool, fc 128 (1,626,442 params)",
+        ),
+        _info(
+            "char_lstm",
+            build_char_lstm,
+            "tokens",
+            "LEAF/FedAvg Shakespeare LSTM: embedding 8 -> 2 x LSTM 256 -> linear (817,872 params, 80 symbols)",
         ),
         _info(
             "logreg",
