@@ -35,6 +35,9 @@ def validate(raw: dict[str, Any]) -> Experiment:
     and refuse a combination that cannot measure what it asks (lowband.engine.checks)."""
     exp = parse_experiment(raw, facts())
     _validate_plugins(exp)
+    from lowband.config.bounds import check_bounds
+
+    check_bounds(exp)  # sizes before anything is built or allocated
     _validate_links(exp)
     from lowband.engine.checks import check_experiment
 
