@@ -76,12 +76,14 @@ def _huge(key: str, detail: str) -> ConfigError:
     return ConfigError(f"{key}: {detail}; if you mean it, add allow_huge = true (top level of the config)")
 
 
-def _check_value(key: str, value: Any, expect_int: bool, allow_huge: bool) -> None:
+def _check_value(key: str, value: Any, expect_int: bool, allow_huge: bool, expect_bool: bool = False) -> None:
     """One value of an algorithm or model option (lists checked item by item)."""
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _check_value(f"{key}[{i}]", v, expect_int, allow_huge)
+            _check_value(f"{key}[{i}]", v, expect_int, allow_huge, expect_bool)
         return
+    if isinstance(value, bool) and not expect_bool and not expect_int:
+        raise ConfigError(f"{key}: must be a number or a name, not true/false (got {value!r})")
     if expect_int and (isinstance(value, bool) or isinstance(value, float)):
         raise ConfigError(f"{key}: {whole_number_hint(value)} (got {value!r})")
     if isinstance(value, float):
@@ -94,6 +96,13 @@ def _check_value(key: str, value: Any, expect_int: bool, allow_huge: bool) -> No
         limit = _limit(key)
         if limit is not None and value > limit and not allow_huge:
             raise _huge(key, f"{value} is above {limit:,}")
+
+
+def _is_bool(annotation: Any) -> bool:
+    """Whether a field annotation admits ``bool`` (or is not known: Any)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_is_bool(a) for a in get_args(annotation))
 
 
 def _is_int(annotation: Any) -> bool:
@@ -117,13 +126,15 @@ def check_options(exp: Experiment) -> None:
     fields = ALGORITHMS[exp.algorithm.name].Hyperparams.model_fields
     for key, value in exp.algorithm.options().items():
         f = fields.get(key)
-        _check_value(f"algorithm.{key}", value, f is not None and _is_int(f.annotation), exp.allow_huge)
+        _check_value(f"algorithm.{key}", value, f is not None and _is_int(f.annotation), exp.allow_huge,
+                     f is None or _is_bool(f.annotation))
     accepted = MODELS[exp.model.name].kwargs
     for key, value in exp.model.options().items():
         default = accepted.get(key)
         expect_int = isinstance(default, int) and not isinstance(default, bool) or (
             isinstance(default, tuple) and bool(default) and all(isinstance(d, int) for d in default))
-        _check_value(f"model.{key}", value, expect_int, exp.allow_huge)
+        _check_value(f"model.{key}", value, expect_int, exp.allow_huge, default is None or isinstance(default, bool)
+                     or not isinstance(default, (int, float, tuple)))
 
 
 def check_sizes(exp: Experiment) -> None:
@@ -167,7 +178,7 @@ def model_params(exp: Experiment) -> Optional[int]:
     for name in exp.model.mix or [exp.model.name]:
         try:
             with torch.device("meta"):
-                model = build_model(name, classes, shape, **exp.model.options())
+                model = build_model(name, num_classes=classes, input_shape=shape, **exp.model.options())
         except Exception:  # a builder that needs real tensors: not estimated
             return None
         best = max(best, sum(p.numel() for p in model.parameters()))

@@ -55,6 +55,8 @@ class ConfigError(ValueError):
 Int = Annotated[int, Strict()]
 #: ``true`` or ``false`` only (not 1, "yes")
 Bool = Annotated[bool, Strict()]
+#: a number (an integer is one), not ``true``
+Float = Annotated[float, Strict()]
 
 
 class _Strict(BaseModel):
@@ -76,11 +78,11 @@ class DataConfig(_Strict):
     num_clients: Int = Field(10, ge=1, le=100_000)
     #: "given": the client ids of the user's data (dataset = "npz" with a client array)
     partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given"] = "iid"
-    alpha: Optional[float] = Field(None, gt=0)
+    alpha: Optional[Float] = Field(None, gt=0)
     min_size: Int = Field(10, ge=0)
     classes_per_client: Int = Field(2, ge=1)
     samples_per_client: Int = Field(200, ge=1)
-    split: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    split: tuple[Float, Float, Float] = (1.0, 0.0, 0.0)
     public_size: Int = Field(0, ge=0)
     augment: Optional[Literal["fol"]] = None
     #: where the public reference set is drawn from (see lowband.data.federation)
@@ -132,11 +134,11 @@ class TopologyConfig(_Strict):
 
     kind: Optional[Literal["star", "kregular", "ring", "complete", "erdos_renyi", "contact_plan"]] = None
     sampling: Literal["all", "fraction", "count", "list"] = "fraction"
-    fraction: float = Field(0.1, gt=0, le=1)
+    fraction: Float = Field(0.1, gt=0, le=1)
     count: Optional[Int] = Field(None, ge=1)
     schedule: Optional[list[list[Int]]] = None
     k: Int = Field(5, ge=1)
-    p: float = Field(0.1, gt=0, le=1)
+    p: Float = Field(0.1, gt=0, le=1)
     time_varying: Bool = True
     per_round: Optional[list[Int]] = None
     plan_file: Optional[str] = None
@@ -176,7 +178,7 @@ class CommConfig(_Strict):
     #: messages in the receiver's inbox (>= 3 of them); 0: off. The default (100) is far
     #: above benign spread (no rejection in any algorithm's learning-tier run even at 10)
     #: and far below an exploding client's (lr = 1e6: ~1e20 x the median)
-    norm_factor: float = Field(100.0, allow_inf_nan=False)
+    norm_factor: Float = Field(100.0, allow_inf_nan=False)
 
     @field_validator("norm_factor")
     @classmethod
@@ -198,13 +200,13 @@ class FaultsConfig(_Strict):
     """Simulated client dropout and stragglers (see lowband.faults); off by default."""
 
     #: below 1: at 1 every node is offline every round and nothing is ever trained or sent
-    dropout: float = Field(0.0, ge=0, lt=1, description="probability that a node is offline in a round")
+    dropout: Float = Field(0.0, ge=0, lt=1, description="probability that a node is offline in a round")
     #: explicit [round, node] pairs (rounds 1-based) of nodes offline in that round
     dropout_schedule: list[tuple[Int, Int]] = Field(default_factory=list)
     #: below 1: at 1 every reply may be late and dropped
-    straggler: float = Field(0.0, ge=0, lt=1, description="probability that a node is slow in a round")
-    slowdown: float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
-    deadline: Optional[float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
+    straggler: Float = Field(0.0, ge=0, lt=1, description="probability that a node is slow in a round")
+    slowdown: Float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
+    deadline: Optional[Float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
 
     @model_validator(mode="after")
     def _straggler_needs_deadline(self) -> "FaultsConfig":
@@ -220,14 +222,14 @@ class FaultsConfig(_Strict):
 class LinkDirectionConfig(_Strict):
     """Overrides of one direction of the ``[links]`` preset (see lowband.comm.links); unset keys keep the preset's."""
 
-    bps: Optional[float] = Field(None, gt=0, description="bit/s on the air")
-    latency_s: Optional[float] = Field(None, ge=0)
-    loss: Optional[float] = Field(None, ge=0, lt=1, description="frame loss probability (re-sent until it arrives)")
+    bps: Optional[Float] = Field(None, gt=0, description="bit/s on the air")
+    latency_s: Optional[Float] = Field(None, ge=0)
+    loss: Optional[Float] = Field(None, ge=0, lt=1, description="frame loss probability (re-sent until it arrives)")
     frame_payload: Optional[Int] = Field(None, ge=1)
     frame_overhead: Optional[Int] = Field(None, ge=0)
-    frame_time_s: Optional[float] = Field(None, ge=0)
-    duty_cycle: Optional[float] = Field(None, gt=0, le=1)
-    power_w: Optional[float] = Field(None, ge=0, description="the node's radio power (W) on this direction: "
+    frame_time_s: Optional[Float] = Field(None, ge=0)
+    duty_cycle: Optional[Float] = Field(None, gt=0, le=1)
+    power_w: Optional[Float] = Field(None, ge=0, description="the node's radio power (W) on this direction: "
                                      "transmit (up) or receive (down); adds energy/j")
 
 
@@ -237,16 +239,16 @@ class LinksConfig(_Strict):
     preset: str
     up: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
     down: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
-    contact_period_s: Optional[float] = Field(None, gt=0)
-    contact_duration_s: Optional[float] = Field(None, gt=0)
-    contact_offset_s: Optional[float] = Field(None, ge=0)
+    contact_period_s: Optional[Float] = Field(None, gt=0)
+    contact_duration_s: Optional[Float] = Field(None, gt=0)
+    contact_offset_s: Optional[Float] = Field(None, ge=0)
     #: per-node presets: preset name -> node ids (the other nodes use ``preset`` with the overrides)
     nodes: dict[str, list[Int]] = Field(default_factory=dict)
     #: local compute: compute_s + 3 x forward FLOPs x samples / device_flops per round (0: no FLOP term)
-    device_flops: float = Field(1e9, ge=0)
-    compute_s: float = Field(0.0, ge=0)
+    device_flops: Float = Field(1e9, ge=0)
+    compute_s: Float = Field(0.0, ge=0)
     #: a reply (up or peer) arriving later than this many seconds after the round start is dropped
-    deadline_s: Optional[float] = Field(None, gt=0)
+    deadline_s: Optional[Float] = Field(None, gt=0)
     #: transmissions per lost-prone frame: their expectation 1 / (1 - loss), or seeded geometric draws
     retransmissions: Literal["expected", "sampled"] = "expected"
 
@@ -293,7 +295,7 @@ class EvalConfig(_Strict):
     nodes: Optional[Int] = Field(None, ge=1)
     #: rounds/bytes-to-target threshold on ``main``: an accuracy as a fraction (0.85, at
     #: most 1), a loss or spread as its value (reached when at or below it)
-    target: Optional[float] = Field(None, gt=0)
+    target: Optional[Float] = Field(None, gt=0)
     main: Optional[str] = None
     at_round0: Bool = True
 
@@ -490,7 +492,9 @@ def _format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     if err.get("type") == "extra_forbidden":
         return f"{key}: unknown key"
     got = err.get("input")
-    if err.get("type") == "int_type" and isinstance(got, (bool, float)):
+    if err.get("type") in ("int_type", "float_type") and isinstance(got, bool):
+        msg = "must be a number, not true/false"
+    elif err.get("type") == "int_type" and isinstance(got, float):
         msg = whole_number_hint(got)
     elif err.get("type") == "bool_type":
         msg = f"must be true or false, got {got!r}"
