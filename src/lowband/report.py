@@ -304,15 +304,16 @@ def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] 
 def mean_band(runs_metrics: Sequence[list[dict[str, Any]]], key: str, xkey: str = "round"
               ) -> Optional[tuple[list[float], list[float], list[float], list[float]]]:
     """(x, mean, ci_low, ci_high) over runs at the rounds every run evaluated; x is the round
-    or the mean cumulative bytes (``xkey="bytes"``: encoded + declared; or any metric key)."""
-    from lowband.aggregate import stats
+    or the mean cumulative bytes (``xkey="bytes"``: encoded + declared; or any metric key). The
+    band of an accuracy is clipped to [0, 1] (:func:`lowband.aggregate.stats`)."""
+    from lowband.aggregate import metric_bounds, stats
 
     by_round = [{int(r["round"]): r for r in m} for m in runs_metrics]
     rounds = sorted(set.intersection(*(set(b) for b in by_round))) if by_round else []
     xs, mean, lo, hi = [], [], [], []
     for r in rounds:
         recs = [b[r] for b in by_round]
-        y = stats(rec.get(key) for rec in recs)
+        y = stats((rec.get(key) for rec in recs), metric_bounds(key))
         if y["mean"] is None:
             continue
         xv = stats(_x(rec, xkey) if xkey in ("round", "bytes") else rec.get(xkey) for rec in recs)["mean"]
@@ -362,7 +363,7 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per sweep cell (see :func:`lowband.batch.run_sweep`): the swept values, then
     the main metric's final value over seeds (mean, std, 95% CI), best, rounds and bytes to
     target and the traffic (means)."""
-    from lowband.aggregate import flat_summary, stats, value_text
+    from lowband.aggregate import flat_summary, metric_bounds, stats, value_text
 
     rows = []
     for c in cells:
@@ -370,11 +371,12 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         flat = [flat_summary(x) for x in sums]
         main = sums[0].get("main_metric")
         row: dict[str, Any] = {k: value_text(v) for k, v in c.params.items()}
-        fin = stats(f.get(f"final/{main}") for f in flat)
+        fin = stats((f.get(f"final/{main}") for f in flat), metric_bounds(f"final/{main}"))
         best = stats(f.get(f"best/{main}") for f in flat)
         rtt = stats(f.get("rounds_to_target") for f in flat)
         row.update({"metric": main, "n": len(sums), "final": fin["mean"], "final_std": fin["std"],
-                    "final_ci_low": fin["ci_low"], "final_ci_high": fin["ci_high"], "best": best["mean"],
+                    "final_ci_low": fin["ci_low"], "final_ci_high": fin["ci_high"],
+                    "final_ci_clipped": fin["ci_clipped"], "best": best["mean"],
                     "best_std": best["std"], "target": sums[0].get("target"),
                     "rounds_to_target": rtt["mean"], "reached": rtt["n"],
                     "bytes_to_target": stats(f.get("bytes_to_target") for f in flat)["mean"]})
@@ -409,6 +411,9 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
                  fmt_bytes(r["bytes_to_target"]), fmt_bytes(r["bytes_up"]), fmt_bytes(r["bytes_down"]),
                  fmt_bytes(r["bytes_peer"]), str(r["n"])]
         lines.append("| " + " | ".join(c for c in cells if c is not None) + " |")
+    if multi and any(r.get("final_ci_clipped") for r in rows):
+        lines.append("")
+        lines.append("95% CI: Student t-interval, clipped to the accuracy's range [0, 100%] where it overflows it.")
     return "\n".join(lines) + "\n"
 
 

@@ -698,7 +698,7 @@ def cmd_frontier(args: Any) -> int:
         fixed.append('data.data_dir="' + str(args.data_dir).replace("\\", "\\\\").replace('"', '\\"') + '"')
     methods = parse_methods(args.methods)
     codecs = parse_codecs(args.codecs)
-    exp = load_experiment(args.config, fixed)
+    exp = load_experiment(args.config, fixed, needs_algorithm=False)  # each cell sets its own method
     try:
         res = run_frontier(raw_config(exp), methods, codecs, seeds=args.seeds, link=args.link, target=args.target,
                            out=args.out, workers=args.workers, backend=args.backend,
