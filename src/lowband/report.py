@@ -27,11 +27,32 @@ class RunRecord:
     metrics: list[dict[str, Any]]
     #: the seeds' runs when this is a seeds folder (two or more seeds)
     seeds: list["RunRecord"] = field(default_factory=list)
+    #: the folder tail that tells this run from others of the same name (:func:`distinct_labels`)
+    tag: Optional[str] = None
 
     @property
     def label(self) -> str:
         name = str(self.summary.get("name") or self.path.name)
-        return f"{name} ({len(self.seeds)} seeds)" if self.seeds else name
+        name = f"{name} ({len(self.seeds)} seeds)" if self.seeds else name
+        return f"{name} [{self.tag}]" if self.tag else name
+
+
+def distinct_labels(runs: Sequence[RunRecord]) -> None:
+    """Give runs that would share a label (two runs of one config, in different folders) a
+    tag: the shortest tail of their folder paths that tells them apart, so the table's rows
+    and the plots' legends name each run once."""
+    labels = [r.label for r in runs]
+    for lab in set(labels):
+        same = [r for r, l in zip(runs, labels) if l == lab]
+        if len(same) < 2:
+            continue
+        paths = [r.path.resolve() for r in same]
+        for k in range(1, max(len(p.parts) for p in paths) + 1):
+            tails = ["/".join(p.parts[-k:]) for p in paths]
+            if len(set(tails)) == len(tails):
+                break
+        for r, t in zip(same, tails):
+            r.tag = t
 
 
 #: the folder layouts :func:`find_runs` reads, and how they are described
@@ -349,6 +370,7 @@ def _x(rec: dict[str, Any], xkey: str) -> Optional[float]:
 def compare(run_dirs: Sequence[str | Path], out_dir: str | Path, metric: Optional[str] = None) -> tuple[str, list[Path]]:
     """Write ``compare.md`` and the two plots into ``out_dir``; return the table and paths."""
     runs = [load_run(p) for p in run_dirs]
+    distinct_labels(runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(runs, metric)
