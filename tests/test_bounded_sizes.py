@@ -163,6 +163,7 @@ def _probe(tmp: Path, *argv: str) -> tuple[int, int, float, str]:
     return int(rc), int(rss_kib), float(cpu), err
 
 
+@pytest.mark.slow  # five fresh interpreters (torch imported in each)
 @pytest.mark.parametrize("overrides", [("algorithm.batch_size=1000000000",), ("model.hidden=1e8",),
                                        ("algorithm.local_epochs=1000000000",), ("algorithm.lr=1e308",),
                                        ('name="../../x"',)], ids=lambda o: o[0])
