@@ -74,16 +74,16 @@ def stats(values: Iterable[Optional[float]], bounds: Optional[tuple[float, float
     (std and interval are None for fewer than two values).
 
     With ``bounds`` (a bounded metric, :func:`metric_bounds`), the interval is clipped to
-    them and ``ci_clipped`` says whether it was: with two seeds the t-interval's half-width is
+    them and ``ci_clipped`` (present for a bounded metric only) says whether it was: with two seeds the t-interval's half-width is
     12.7 standard errors, and an accuracy's interval of -37% to 134% says nothing a clipped one
     does not, while it breaks the plots' axes."""
     vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     n = len(vals)
     if n == 0:
-        return {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None, "ci_clipped": False}
+        return _with_clip({"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}, bounds, False)
     mean = math.fsum(vals) / n
     if n < 2:
-        return {"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None, "ci_clipped": False}
+        return _with_clip({"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}, bounds, False)
     from scipy import stats as st
 
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
@@ -92,7 +92,12 @@ def stats(values: Iterable[Optional[float]], bounds: Optional[tuple[float, float
     clipped = bounds is not None and (lo < bounds[0] or hi > bounds[1])
     if bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-    return {"n": n, "mean": mean, "std": std, "ci_low": lo, "ci_high": hi, "ci_clipped": clipped}
+    return _with_clip({"n": n, "mean": mean, "std": std, "ci_low": lo, "ci_high": hi}, bounds, clipped)
+
+
+def _with_clip(s: dict[str, Any], bounds: Optional[tuple[float, float]], clipped: bool) -> dict[str, Any]:
+    """``ci_clipped`` is part of a bounded metric's statistics only (unbounded ones keep their keys)."""
+    return {**s, "ci_clipped": clipped} if bounds is not None else s
 
 
 def _numeric(v: Any) -> bool:

@@ -398,7 +398,7 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         rtt = stats(f.get("rounds_to_target") for f in flat)
         row.update({"metric": main, "n": len(sums), "final": fin["mean"], "final_std": fin["std"],
                     "final_ci_low": fin["ci_low"], "final_ci_high": fin["ci_high"],
-                    "final_ci_clipped": fin["ci_clipped"], "best": best["mean"],
+                    "final_ci_clipped": fin.get("ci_clipped", False), "best": best["mean"],
                     "best_std": best["std"], "target": sums[0].get("target"),
                     "rounds_to_target": rtt["mean"], "reached": rtt["n"],
                     "bytes_to_target": stats(f.get("bytes_to_target") for f in flat)["mean"]})
