@@ -38,3 +38,25 @@ def digits_config(tmp_path: Path, algorithm: str = "fedavg", rounds: int = 3, **
         "algorithm": {"name": algorithm, **short, **alg},
         "topology": {"kind": "kregular", "k": 3} if peer else {"kind": "star", "sampling": "count", "count": 4},
     }
+
+
+#: modules whose tests train real models for several rounds, start interpreters, clusters or
+#: builds, or reproduce paper cells: the slow tier. ``pytest -m "not slow"`` is the fast tier a
+#: developer runs after a change (README, "Run the tests"); plain ``pytest`` (CI) runs both.
+SLOW_MODULES = frozenset({
+    "test_batch", "test_bench_suite", "test_cohort", "test_dense", "test_dfedsam", "test_dispfl", "test_docs",
+    "test_ef21", "test_evaluation_speed", "test_fedcspack", "test_fedmd", "test_flower", "test_flower_hostile",
+    "test_fol", "test_fol_scale", "test_frontier", "test_kta", "test_kta_table", "test_learning", "test_memory",
+    "test_mixed_models", "test_ntk", "test_pfl_baselines", "test_plugins", "test_pool", "test_python_api",
+    "test_ray", "test_reproduce", "test_reproduce_seeds", "test_resume_every_algorithm", "test_seed_layouts",
+    "test_server_opt", "test_spark", "test_spark_reproduce", "test_tensorboard", "test_train_speed", "test_wheel",
+})
+
+
+def pytest_collection_modifyitems(config: "pytest.Config", items: list["pytest.Item"]) -> None:
+    """Mark every test of :data:`SLOW_MODULES` ``slow`` (tests elsewhere mark themselves)."""
+    import pytest as _pytest
+
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(_pytest.mark.slow)

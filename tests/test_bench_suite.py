@@ -126,7 +126,7 @@ def test_suite_quick_prints_every_column(shared_data: Path, tmp_path: Path) -> N
     env = {**os.environ, "LOWBAND_DATA": str(shared_data),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run([sys.executable, str(BENCH / "suite.py"), "--quick", "--json", str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True)  # no wall-clock limit: CI bounds the job
     assert p.returncode == 0, p.stderr[-3000:]
     text = p.stdout
     for needle in ("load average at start", "load average at end", "machine:", "torch", "(a) serial s/round",

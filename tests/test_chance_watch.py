@@ -54,15 +54,24 @@ def test_slow_starters_learners_and_other_metrics_are_not_warned() -> None:
     assert _feed(ChanceWatch("consensus/acc", 10, rounds=2), [float("nan")] * 2) == []
 
 
+def test_short_runs_that_learn_by_their_end_are_not_warned() -> None:
+    """A 2- or 3-round run is judged at its last round, not half-way (issue 44)."""
+    assert _feed(ChanceWatch("consensus/acc", 10, rounds=2), [0.1, 0.6]) == []
+    assert _feed(ChanceWatch("consensus/acc", 10, rounds=3), [0.1, 0.1, 0.5]) == []
+    said = _feed(ChanceWatch("consensus/acc", 10, rounds=3), [0.1, 0.1, 0.1])
+    assert len(said) == 1 and said[0].startswith("round 3:")
+
+
 def test_round0_is_left_out_a_resume_does_not_repeat_it_and_a_late_rise_clears_the_summary() -> None:
     w = ChanceWatch("consensus/acc", 10, rounds=4)
     assert w.check({"round": 0, "consensus/acc": 0.9}) is None and w.best is None  # the untrained model
     w.check({"round": 1, "consensus/acc": 0.1}, quiet=True)
-    assert w.check({"round": 2, "consensus/acc": 0.1}, quiet=True) is not None  # the first process warned
-    assert _feed(w, [0.1, 0.1], first=3) == []  # the resumed process does not say it again
+    w.check({"round": 2, "consensus/acc": 0.1}, quiet=True)
+    assert w.check({"round": 3, "consensus/acc": 0.1}, quiet=True) is not None  # the first process warned
+    assert _feed(w, [0.1], first=4) == []  # the resumed process does not say it again
     assert w.summary()["learned_nothing"]["round"] == 1
-    late = ChanceWatch("consensus/acc", 10, rounds=4)
-    assert len(_feed(late, [0.1, 0.1, 0.6, 0.7])) == 1  # warned at round 2 ...
+    late = ChanceWatch("consensus/acc", 10, rounds=6)
+    assert len(_feed(late, [0.1, 0.1, 0.1, 0.6, 0.7, 0.7])) == 1  # warned at round 3 ...
     assert late.summary() == {}  # ... but the run ended having learned: not recorded as nothing
 
 
@@ -83,7 +92,7 @@ def test_fedavg_at_a_useless_learning_rate_is_flagged_and_a_normal_run_is_not(tm
     nothing = summary["learned_nothing"]
     assert nothing["metric"] == summary["main_metric"] and nothing["chance"] == 0.1
     assert nothing["best"] <= 0.1 + CHANCE_MARGIN
-    assert [s for s in said if "never been above chance" in s] and "round 2:" in said[0]
+    assert [s for s in said if "never been above chance" in s] and "round 3:" in said[0]
     summary, said = _run(tmp_path, "normal")
     assert "learned_nothing" not in summary and summary["best"][summary["main_metric"]]["value"] > 0.3
     assert not [s for s in said if "never been above chance" in s]

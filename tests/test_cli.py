@@ -690,6 +690,7 @@ def _real_key(key: str, algorithm: str) -> bool:
     return not rest or rest.split(".")[0].split("[")[0] in getattr(field.annotation, "model_fields", {})
 
 
+@pytest.mark.slow  # every algorithm end to end through the CLI: ~40 s
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_runs_with_its_defaults(capsys, tmp_path: Path, name: str) -> None:
     """`lowband run` with only algorithm.name = X (rounds = 1, the default digits data): exit 0
@@ -785,4 +786,5 @@ def test_a_run_prints_a_warning_as_one_line(capsys, tmp_path: Path) -> None:
     assert rc == 0
     lines = err.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("lowband: warning: fedavg: codec 'topk(0.01)+fp16'"), err
-    assert lines[1].startswith("lowband: warning: round 1: personal/acc_weighted has never been above chance"), err
+    # a 2-round run is judged at its last round (ChanceWatch: never before round 3 or the end)
+    assert lines[1].startswith("lowband: warning: round 2: personal/acc_weighted has never been above chance"), err

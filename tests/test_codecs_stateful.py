@@ -409,6 +409,7 @@ except ImportError:  # pragma: no cover - depends on the optional extra
     ray = None
 
 
+@pytest.mark.slow  # starts a Ray runtime
 @pytest.mark.skipif(ray is None, reason="the Ray executor needs the extra: pip install 'lowband[ray]'")
 def test_stateful_codec_serial_equals_ray_and_resumes_across(tmp_path: Path) -> None:
     """ef(topk) on FedAvg deltas: the Ray executor gives the serial metrics, ledger and

@@ -109,7 +109,7 @@ def test_truncate_drops_later_rounds() -> None:
 
 def test_scales_to_a_million_records() -> None:
     led = Ledger()
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a busy machine does not slow it
     for r in range(200):  # 200 rounds x 300 nodes x 5 neighbours x 3 kinds
         for kind, nbytes in (("weights", 1000), ("request", 10), ("logits", 50)):
             for src in range(300):
@@ -117,11 +117,11 @@ def test_scales_to_a_million_records() -> None:
     assert len(led) == 900_000
     assert led.totals(kind="request") == (200 * 300 * 5 * 10, 0)
     assert led.cumulative(99)["peer"]["encoded"] == 100 * 1500 * 1060
-    assert time.perf_counter() - t0 < 10
-    t0 = time.perf_counter()
+    assert time.process_time() - t0 < 10
+    t0 = time.process_time()  # CPU time: a busy machine does not slow it
     for i in range(20_000):
         led.record(201, i % 300, SERVER, "up", "delta", 7)
-    assert time.perf_counter() - t0 < 2  # ~ a few microseconds per record
+    assert time.process_time() - t0 < 2  # ~ a few microseconds per record
     assert led.totals(round=201) == (140_000, 0)
 
 

@@ -259,10 +259,10 @@ def test_encode_fast_enough_for_a_big_model() -> None:
     import time
 
     sd = {f"l{i}": torch.randn(1000, 1000) for i in range(4)}  # 4M params, 16 MB
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time, not wall: the same on a loaded machine
     data = encode_message(Message("weights", sd), FP32, torch_gen(0))
     got = decode_message(data)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert len(data) - header_size(data) == 16_000_000 and math.isclose(
         float(got.tensors["l3"].sum()), float(sd["l3"].sum()), rel_tol=1e-6)
 

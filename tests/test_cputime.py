@@ -34,8 +34,13 @@ def test_the_meter_counts_this_process_and_its_workers() -> None:
         with_worker.start()
         alone.start()
         _burn(0.2)
-        time.sleep(0.6)  # the worker ends in this wait; its time so far is read at stop
+        # wait (sleeping: not CPU) until the worker has burnt most of its 0.4 s, however long a
+        # busy machine makes that take; its time so far is read at stop
+        deadline = time.monotonic() + 300
         mid = process_cpu_s(worker.pid)
+        while (mid is None or mid <= 0.3) and time.monotonic() < deadline:  # no is_alive(): it would reap
+            time.sleep(0.02)
+            mid = process_cpu_s(worker.pid)
         both, own = with_worker.stop(), alone.stop()
     finally:
         worker.join()

@@ -83,10 +83,10 @@ def test_dirichlet_impossible_requests_fail_fast_with_advice() -> None:
     with pytest.raises(PartitionError) as e:  # impossible by size: immediate
         dirichlet(labels, 50, 1.0, np_gen(0), min_size=30)
     assert "min_size" in str(e.value) and "\n" not in str(e.value)
-    t = time.perf_counter()
+    t = time.process_time()  # CPU time, not wall: the same on a loaded machine
     with pytest.raises(PartitionError) as e:  # possible by size, hopeless in practice: the cap ends it
         dirichlet(labels, 40, 0.01, np_gen(0), min_size=20, max_retries=50)
-    assert time.perf_counter() - t < 5
+    assert time.process_time() - t < 5
     msg = str(e.value)
     assert "after 50 tries" in msg and "larger alpha" in msg and "fewer clients" in msg and "\n" not in msg
     with pytest.raises(ValueError, match="alpha must be > 0"):

@@ -71,6 +71,7 @@ FAULTY = {"topology": {"kind": "star", "sampling": "all"},
           "faults": {"dropout": 0.3, "straggler": 0.3, "slowdown": 3.0, "deadline": 2.0}}
 
 
+@pytest.mark.slow  # two killed and resumed console runs, ~10 s each
 @pytest.mark.parametrize("extra", [{}, FAULTY], ids=["clean", "dropout+deadline"])
 def test_kill_9_then_resume_cli(tmp_path: Path, extra: dict) -> None:
     """A real SIGKILL mid-run, then `lowband run --resume`: same metrics.jsonl (with faults:

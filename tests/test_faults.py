@@ -160,6 +160,7 @@ def test_peer_dropout_skips_the_node_and_keeps_its_state(tmp_path: Path) -> None
     assert int(r2.sum()) > 0 and _metrics(two)[-1]["faults/dropped"] == 1
 
 
+@pytest.mark.slow  # starts a Ray runtime
 def test_diverged_data_client_and_faults_under_ray_match_serial(tmp_path: Path) -> None:
     """Validation, faults and divergence counts through the Ray shards' delivery path: the
     same metrics.jsonl as the serial executor. Client 0's data is NaN, so its training

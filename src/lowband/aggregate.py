@@ -59,21 +59,45 @@ def seed_runs(root: str | Path, *, finished: bool = False) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def stats(values: Iterable[Optional[float]]) -> dict[str, Any]:
+#: a metric whose last part is ``acc`` or ``acc_...`` / ``..._acc`` is an accuracy, a fraction in [0, 1]
+_ACCURACY = re.compile(r"(^|_)acc(_|$)")
+
+
+def metric_bounds(key: str) -> Optional[tuple[float, float]]:
+    """The range a metric cannot leave: [0, 1] for an accuracy (``global/acc``,
+    ``final/personal/acc_weighted``), None for an unbounded one (a loss, bytes, rounds)."""
+    return (0.0, 1.0) if _ACCURACY.search(key.rsplit("/", 1)[-1]) else None
+
+
+def stats(values: Iterable[Optional[float]], bounds: Optional[tuple[float, float]] = None) -> dict[str, Any]:
     """n, mean, std (ddof=1) and the 95% t confidence interval of the non-missing values
-    (std and interval are None for fewer than two values)."""
+    (std and interval are None for fewer than two values).
+
+    With ``bounds`` (a bounded metric, :func:`metric_bounds`), the interval is clipped to
+    them and ``ci_clipped`` (present for a bounded metric only) says whether it was: with two seeds the t-interval's half-width is
+    12.7 standard errors, and an accuracy's interval of -37% to 134% says nothing a clipped one
+    does not, while it breaks the plots' axes."""
     vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     n = len(vals)
     if n == 0:
-        return {"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}
+        return _with_clip({"n": 0, "mean": None, "std": None, "ci_low": None, "ci_high": None}, bounds, False)
     mean = math.fsum(vals) / n
     if n < 2:
-        return {"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}
+        return _with_clip({"n": 1, "mean": mean, "std": None, "ci_low": None, "ci_high": None}, bounds, False)
     from scipy import stats as st
 
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
     half = float(st.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-    return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
+    lo, hi = mean - half, mean + half
+    clipped = bounds is not None and (lo < bounds[0] or hi > bounds[1])
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return _with_clip({"n": n, "mean": mean, "std": std, "ci_low": lo, "ci_high": hi}, bounds, clipped)
+
+
+def _with_clip(s: dict[str, Any], bounds: Optional[tuple[float, float]], clipped: bool) -> dict[str, Any]:
+    """``ci_clipped`` is part of a bounded metric's statistics only (unbounded ones keep their keys)."""
+    return {**s, "ci_clipped": clipped} if bounds is not None else s
 
 
 def _numeric(v: Any) -> bool:
@@ -123,7 +147,7 @@ def aggregate(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> di
         for part in ("count", *ROUND_STATS):
             row[part] = {}
         for k in keys:
-            s = stats(rec.get(k) for rec in recs)
+            s = stats((rec.get(k) for rec in recs), metric_bounds(k))
             row["count"][k] = s["n"]
             for part in ROUND_STATS:
                 row[part][k] = s[part]
@@ -133,7 +157,7 @@ def aggregate(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> di
     for f in flat:
         for k in f:
             skeys.setdefault(k, None)
-    summary = {k: stats(f.get(k) for f in flat) for k in skeys}
+    summary = {k: stats((f.get(k) for f in flat), metric_bounds(k)) for k in skeys}
     first = runs[0][0] if runs else {}
     return {"n": len(runs), "name": first.get("name"), "algorithm": first.get("algorithm"),
             "main_metric": first.get("main_metric"), "target": first.get("target"),

@@ -586,7 +586,9 @@ def cmd_run_seeds(args: Any, overrides: list[str]) -> int:
     s = agg["summary"].get(f"final/{main}", {})
     tot = {d: (agg["summary"].get(f"bytes_{d}") or {}).get("mean") or 0 for d in ("up", "down", "peer")}
     k = 100.0 if "acc" in str(main) else 1.0  # the interval in the mean's unit
-    ci = "" if s.get("ci_low") is None else f" (95% CI {k * s['ci_low']:.2f}-{k * s['ci_high']:.2f})"
+    ci = "" if s.get("ci_low") is None else (f" (95% CI {k * s['ci_low']:.2f}-{k * s['ci_high']:.2f}"
+                                             + (f", t-interval clipped to [0, {k:g}]" if s.get("ci_clipped") else "")
+                                             + ")")
     print(f"{exp.name}: {main} = {fmt_mean_std(s.get('mean'), s.get('std'), pct='acc' in str(main))}{ci} "
           f"over {agg['n']} seeds; "
           f"mean up {tot['up'] / 1e6:.2f} MB, down {tot['down'] / 1e6:.2f} MB, peer {tot['peer'] / 1e6:.2f} MB "

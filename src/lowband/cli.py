@@ -154,7 +154,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.data_dir:
         overrides.append(f"data.data_dir={_toml_str(args.data_dir)}")
-    exp = load_experiment(args.config, overrides)
+    exp = load_experiment(args.config, overrides, needs_algorithm=False)  # the data keys only
     fed = make_federation(exp)
     counts = fed.class_counts()
     c = counts.shape[1]
@@ -371,8 +371,9 @@ def _add_global_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-q", action="store_true", help="warnings and errors only, no progress bars")
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="message level (default info)")
     g.add_argument("--plugin", action="append", metavar="MODULE_OR_FILE",
-                   help="import a plugin (a module name or a .py file) that registers algorithms, models, datasets "
-                        "or codecs; repeatable")
+                   help="import and EXECUTE a plugin's code (a module name or a .py file), with your permissions, "
+                        "so it can register algorithms, models, datasets or codecs; only pass code you trust; "
+                        "repeatable")
 
 
 def _global_options(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:

@@ -55,12 +55,11 @@ class BatchProgress:
         self.t0 = time.perf_counter()
         self._bar: Any = None
         if enabled and total_rounds > 0:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("rounds, {task.fields[runs]}"), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
+                                 TimeElapsedColumn(), _eta_column(), transient=False)
             self._task = self._bar.add_task(title, total=total_rounds, runs=self._runs(), info="")
             self._bar.start()
 
@@ -83,6 +82,31 @@ class BatchProgress:
             self._bar = None
 
 
+def eta_seconds(elapsed: Optional[float], completed: float, total: Optional[float]) -> Optional[float]:
+    """Seconds left at the mean pace so far (elapsed / completed per unit), None before the
+    first unit is done. rich's own remaining-time column estimates the speed from the last
+    30 s only, so a round slower than 30 s showed ``-:--:--`` for the whole run."""
+    if not elapsed or completed <= 0 or total is None:
+        return None
+    return max(total - completed, 0) * elapsed / completed
+
+
+def _eta_column() -> Any:
+    """A rich column: ``eta H:MM:SS`` from :func:`eta_seconds` (``eta -:--:--`` until a round is done)."""
+    import datetime
+
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class EtaColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            left = eta_seconds(task.elapsed, task.completed, task.total)
+            txt = "-:--:--" if left is None else str(datetime.timedelta(seconds=int(round(left))))
+            return Text(f"eta {txt}", style="progress.remaining")
+
+    return EtaColumn()
+
+
 def round_info(label: str, r: int, rec: dict[str, Any], main: str) -> str:
     """``label r5 acc=81.2% 3.1 MB``: the latest round of a run, for progress lines."""
     acc = rec.get(main)
@@ -93,7 +117,7 @@ def round_info(label: str, r: int, rec: dict[str, Any], main: str) -> str:
     return s + f" {mb:.2f} MB"
 
 
-__all__ = ["BatchProgress", "LEVELS", "log", "quiet", "round_info", "setup_logging"]
+__all__ = ["BatchProgress", "LEVELS", "eta_seconds", "log", "quiet", "round_info", "setup_logging"]
 
 
 class RunProgress:
@@ -104,12 +128,11 @@ class RunProgress:
         self.main, self.quiet, self.total = main, quiet, total
         self._bar = None
         if not quiet:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                 TimeRemainingColumn(), transient=False)
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), _eta_column(),
+                                 transient=False)
             self._task = self._bar.add_task(title, total=total, info="")
             self._bar.start()
 

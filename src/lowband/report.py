@@ -27,11 +27,32 @@ class RunRecord:
     metrics: list[dict[str, Any]]
     #: the seeds' runs when this is a seeds folder (two or more seeds)
     seeds: list["RunRecord"] = field(default_factory=list)
+    #: the folder tail that tells this run from others of the same name (:func:`distinct_labels`)
+    tag: Optional[str] = None
 
     @property
     def label(self) -> str:
         name = str(self.summary.get("name") or self.path.name)
-        return f"{name} ({len(self.seeds)} seeds)" if self.seeds else name
+        name = f"{name} ({len(self.seeds)} seeds)" if self.seeds else name
+        return f"{name} [{self.tag}]" if self.tag else name
+
+
+def distinct_labels(runs: Sequence[RunRecord]) -> None:
+    """Give runs that would share a label (two runs of one config, in different folders) a
+    tag: the shortest tail of their folder paths that tells them apart, so the table's rows
+    and the plots' legends name each run once."""
+    labels = [r.label for r in runs]
+    for lab in set(labels):
+        same = [r for r, l in zip(runs, labels) if l == lab]
+        if len(same) < 2:
+            continue
+        paths = [r.path.resolve() for r in same]
+        for k in range(1, max(len(p.parts) for p in paths) + 1):
+            tails = ["/".join(p.parts[-k:]) for p in paths]
+            if len(set(tails)) == len(tails):
+                break
+        for r, t in zip(same, tails):
+            r.tag = t
 
 
 #: the folder layouts :func:`find_runs` reads, and how they are described
@@ -304,15 +325,16 @@ def plot_curves(runs: Sequence[RunRecord], out_dir: Path, metric: Optional[str] 
 def mean_band(runs_metrics: Sequence[list[dict[str, Any]]], key: str, xkey: str = "round"
               ) -> Optional[tuple[list[float], list[float], list[float], list[float]]]:
     """(x, mean, ci_low, ci_high) over runs at the rounds every run evaluated; x is the round
-    or the mean cumulative bytes (``xkey="bytes"``: encoded + declared; or any metric key)."""
-    from lowband.aggregate import stats
+    or the mean cumulative bytes (``xkey="bytes"``: encoded + declared; or any metric key). The
+    band of an accuracy is clipped to [0, 1] (:func:`lowband.aggregate.stats`)."""
+    from lowband.aggregate import metric_bounds, stats
 
     by_round = [{int(r["round"]): r for r in m} for m in runs_metrics]
     rounds = sorted(set.intersection(*(set(b) for b in by_round))) if by_round else []
     xs, mean, lo, hi = [], [], [], []
     for r in rounds:
         recs = [b[r] for b in by_round]
-        y = stats(rec.get(key) for rec in recs)
+        y = stats((rec.get(key) for rec in recs), metric_bounds(key))
         if y["mean"] is None:
             continue
         xv = stats(_x(rec, xkey) if xkey in ("round", "bytes") else rec.get(xkey) for rec in recs)["mean"]
@@ -348,6 +370,7 @@ def _x(rec: dict[str, Any], xkey: str) -> Optional[float]:
 def compare(run_dirs: Sequence[str | Path], out_dir: str | Path, metric: Optional[str] = None) -> tuple[str, list[Path]]:
     """Write ``compare.md`` and the two plots into ``out_dir``; return the table and paths."""
     runs = [load_run(p) for p in run_dirs]
+    distinct_labels(runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(runs, metric)
@@ -362,7 +385,7 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per sweep cell (see :func:`lowband.batch.run_sweep`): the swept values, then
     the main metric's final value over seeds (mean, std, 95% CI), best, rounds and bytes to
     target and the traffic (means)."""
-    from lowband.aggregate import flat_summary, stats, value_text
+    from lowband.aggregate import flat_summary, metric_bounds, stats, value_text
 
     rows = []
     for c in cells:
@@ -370,11 +393,12 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         flat = [flat_summary(x) for x in sums]
         main = sums[0].get("main_metric")
         row: dict[str, Any] = {k: value_text(v) for k, v in c.params.items()}
-        fin = stats(f.get(f"final/{main}") for f in flat)
+        fin = stats((f.get(f"final/{main}") for f in flat), metric_bounds(f"final/{main}"))
         best = stats(f.get(f"best/{main}") for f in flat)
         rtt = stats(f.get("rounds_to_target") for f in flat)
         row.update({"metric": main, "n": len(sums), "final": fin["mean"], "final_std": fin["std"],
-                    "final_ci_low": fin["ci_low"], "final_ci_high": fin["ci_high"], "best": best["mean"],
+                    "final_ci_low": fin["ci_low"], "final_ci_high": fin["ci_high"],
+                    "final_ci_clipped": fin.get("ci_clipped", False), "best": best["mean"],
                     "best_std": best["std"], "target": sums[0].get("target"),
                     "rounds_to_target": rtt["mean"], "reached": rtt["n"],
                     "bytes_to_target": stats(f.get("bytes_to_target") for f in flat)["mean"]})
@@ -409,6 +433,9 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
                  fmt_bytes(r["bytes_to_target"]), fmt_bytes(r["bytes_up"]), fmt_bytes(r["bytes_down"]),
                  fmt_bytes(r["bytes_peer"]), str(r["n"])]
         lines.append("| " + " | ".join(c for c in cells if c is not None) + " |")
+    if multi and any(r.get("final_ci_clipped") for r in rows):
+        lines.append("")
+        lines.append("95% CI: Student t-interval, clipped to the accuracy's range [0, 100%] where it overflows it.")
     return "\n".join(lines) + "\n"
 
 

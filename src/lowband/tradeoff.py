@@ -318,8 +318,6 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
-
     done = [(fc, r) for fc, r in zip(cells, rows) if r["status"] == "ok" and fc.cell is not None]
     timed = any(r.get("sim_time_s") is not None for _, r in done)
     panels = [("bytes", "cumulative bytes (all directions, encoded + declared)", "bytes_total", "pareto_bytes")]
@@ -327,18 +325,18 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
         panels.append(("time/sim_s", "simulated time (s)", "sim_time_s", "pareto_time"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     metric = done[0][1]["metric"] if done else "main metric"
+    colours = distinct_colours(len(done))
     for ax, (x_key, x_label, cost, mark) in zip(axes[0], panels):
-        for fc, r in done:
+        for (fc, r), colour in zip(done, colours):
             pts = [(x, y) for x, y in zip(*_curve(fc.cell.run_dirs(), r["metric"], x_key))  # type: ignore[union-attr]
                    if x > 0]  # round 0 (nothing sent yet) has no place on a log axis
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
             if xs:
-                ax.plot(xs, ys, marker=".", lw=1, alpha=0.8, label=f"{fc.method} / {fc.codec}")
+                ax.plot(xs, ys, marker=".", lw=1, alpha=0.8, color=colour, label=f"{fc.method} / {fc.codec}")
         front = sorted((r[cost], r["final"]) for _, r in done if r.get(mark))
         if front:
             ax.plot([p[0] for p in front], [p[1] for p in front], "k*--", ms=12, lw=1, label="Pareto front")
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xscale("log")  # matplotlib labels minor ticks itself when the range spans under a decade
         ax.set_xlabel(x_label + ", log scale")
         ax.set_ylabel(str(metric))
         ax.grid(True, which="both", alpha=0.3)
@@ -346,6 +344,18 @@ def plot_frontier(path: Path, cells: Sequence[FrontierCell], rows: Sequence[dict
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def distinct_colours(n: int) -> list[Any]:
+    """``n`` colours no two alike: tab10 up to 10 cells, tab20 up to 20, else evenly spaced hues
+    (matplotlib's default cycle repeats after 10, so an 11-cell frontier drew two cells alike)."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [colormaps["tab20"](i) for i in range(n)]
+    return [colormaps["hsv"](i / n) for i in range(n)]
 
 
 def write_frontier(out: Path, cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]]) -> list[dict[str, Any]]:
@@ -700,7 +710,7 @@ def cmd_frontier(args: Any) -> int:
         fixed.append('data.data_dir="' + str(args.data_dir).replace("\\", "\\\\").replace('"', '\\"') + '"')
     methods = parse_methods(args.methods)
     codecs = parse_codecs(args.codecs)
-    exp = load_experiment(args.config, fixed)
+    exp = load_experiment(args.config, fixed, needs_algorithm=False)  # each cell sets its own method
     try:
         res = run_frontier(raw_config(exp), methods, codecs, seeds=args.seeds, link=args.link, target=args.target,
                            out=args.out, workers=args.workers, backend=args.backend,

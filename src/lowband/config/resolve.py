@@ -36,6 +36,9 @@ def validate(raw: dict[str, Any]) -> Experiment:
     and refuse a combination that cannot measure what it asks (lowband.engine.checks)."""
     exp = parse_experiment(raw, facts())
     _validate_plugins(exp)
+    from lowband.config.bounds import check_bounds
+
+    check_bounds(exp)  # sizes before anything is built or allocated
     _validate_links(exp)
     from lowband.engine.checks import check_experiment
 
@@ -120,15 +123,18 @@ def _validate_plugins(exp: Experiment) -> None:
             raise ConfigError(f"{key}: {exc}") from None
 
 
-def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> Experiment:
+def load_experiment(path: str | Path | None, overrides: list[str] | None = None, *,
+                    needs_algorithm: bool = True) -> Experiment:
     """Load a TOML file (or the defaults when ``path`` is None), apply overrides, validate.
 
     A file must say which algorithm to run (``[algorithm] name``, in the file or an
     override): an empty or partial file would otherwise run the default experiment
-    without a word."""
+    without a word. ``needs_algorithm=False`` for a command that runs no algorithm of the
+    file's (``lowband partition`` reads the data keys, ``lowband frontier`` sets the
+    algorithm of each cell itself)."""
     raw = load_toml(path) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])
-    if path is not None:
+    if path is not None and needs_algorithm:
         alg = raw.get("algorithm")
         if alg is None or (isinstance(alg, dict) and "name" not in alg):
             what = "is empty" if not raw else "sets no algorithm.name"

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Container, Literal, Mapping, Optional, TypedDict, Union
+from typing import Annotated, Any, Callable, Container, Literal, Mapping, Optional, TypedDict, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+from pydantic import (BaseModel, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 import tomli_w
@@ -135,6 +135,15 @@ class ConfigError(ValueError):
     """A configuration problem, described in one line (key, what is wrong, what is allowed)."""
 
 
+#: a whole number as written in the config: ``true`` or ``1e3`` is refused, not read as 1 or 1000
+#: (TOML writes integers without a point or exponent; a float here is a typo more often than not)
+Int = Annotated[int, Strict()]
+#: ``true`` or ``false`` only (not 1, "yes")
+Bool = Annotated[bool, Strict()]
+#: a number (an integer is one), not ``true``
+Float = Annotated[float, Strict()]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
@@ -149,9 +158,9 @@ class DataConfig(_Strict):
     #: dataset = "npz": the user's .npz file (x, y; optional client, x_test, y_test), see lowband.data.userdata
     path: Optional[str] = None
     data_dir: Optional[str] = None
-    download: bool = False
+    download: Bool = False
     options: dict[str, Any] = Field(default_factory=dict)
-    num_clients: int = Field(10, ge=1, le=100_000)
+    num_clients: Int = Field(10, ge=1, le=100_000)
     #: "given": the client ids of the user's data (dataset = "npz" with a client array);
     #: "index_map": the first num_clients clients of the file data.index_map (lowband.data.indexmap)
     partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map"] = "iid"
@@ -159,18 +168,18 @@ class DataConfig(_Strict):
     index_map: Optional[str] = None
     #: the index map's sha256, resolved from the file when not given (a given one must match the file)
     index_map_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$")
-    alpha: Optional[float] = Field(None, gt=0)
-    min_size: int = Field(10, ge=0)
-    classes_per_client: int = Field(2, ge=1)
-    samples_per_client: int = Field(200, ge=1)
-    split: tuple[float, float, float] = (1.0, 0.0, 0.0)
-    public_size: int = Field(0, ge=0)
+    alpha: Optional[Float] = Field(None, gt=0)
+    min_size: Int = Field(10, ge=0)
+    classes_per_client: Int = Field(2, ge=1)
+    samples_per_client: Int = Field(200, ge=1)
+    split: tuple[Float, Float, Float] = (1.0, 0.0, 0.0)
+    public_size: Int = Field(0, ge=0)
     augment: Optional[Literal["fol"]] = None
     #: where the public reference set is drawn from (see lowband.data.federation)
     public_source: Literal["train", "holdout", "mismatched"] = "train"
     #: seed of the partition, splits, public set and augmentation (None: the experiment's seed): vary the
     #: experiment's seed (init, graphs, sampling) over one fixed partition
-    seed: Optional[int] = Field(None, ge=0)
+    seed: Optional[Int] = Field(None, ge=0)
 
     @field_validator("split")
     @classmethod
@@ -222,13 +231,13 @@ class TopologyConfig(_Strict):
 
     kind: Optional[Literal["star", "kregular", "ring", "complete", "erdos_renyi", "contact_plan"]] = None
     sampling: Literal["all", "fraction", "count", "list"] = "fraction"
-    fraction: float = Field(0.1, gt=0, le=1)
-    count: Optional[int] = Field(None, ge=1)
-    schedule: Optional[list[list[int]]] = None
-    k: int = Field(5, ge=1)
-    p: float = Field(0.1, gt=0, le=1)
-    time_varying: bool = True
-    per_round: Optional[list[int]] = None
+    fraction: Float = Field(0.1, gt=0, le=1)
+    count: Optional[Int] = Field(None, ge=1)
+    schedule: Optional[list[list[Int]]] = None
+    k: Int = Field(5, ge=1)
+    p: Float = Field(0.1, gt=0, le=1)
+    time_varying: Bool = True
+    per_round: Optional[list[Int]] = None
     plan_file: Optional[str] = None
 
 
@@ -266,7 +275,7 @@ class CommConfig(_Strict):
     #: messages in the receiver's inbox (>= 3 of them); 0: off. The default (100) is far
     #: above benign spread (no rejection in any algorithm's learning-tier run even at 10)
     #: and far below an exploding client's (lr = 1e6: ~1e20 x the median)
-    norm_factor: float = Field(100.0, allow_inf_nan=False)
+    norm_factor: Float = Field(100.0, allow_inf_nan=False)
 
     @field_validator("norm_factor")
     @classmethod
@@ -287,12 +296,14 @@ class CommConfig(_Strict):
 class FaultsConfig(_Strict):
     """Simulated client dropout and stragglers (see lowband.faults); off by default."""
 
-    dropout: float = Field(0.0, ge=0, le=1, description="probability that a node is offline in a round")
+    #: below 1: at 1 every node is offline every round and nothing is ever trained or sent
+    dropout: Float = Field(0.0, ge=0, lt=1, description="probability that a node is offline in a round")
     #: explicit [round, node] pairs (rounds 1-based) of nodes offline in that round
-    dropout_schedule: list[tuple[int, int]] = Field(default_factory=list)
-    straggler: float = Field(0.0, ge=0, le=1, description="probability that a node is slow in a round")
-    slowdown: float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
-    deadline: Optional[float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
+    dropout_schedule: list[tuple[Int, Int]] = Field(default_factory=list)
+    #: below 1: at 1 every reply may be late and dropped
+    straggler: Float = Field(0.0, ge=0, lt=1, description="probability that a node is slow in a round")
+    slowdown: Float = Field(3.0, gt=1, allow_inf_nan=False, description="a slow reply takes 1..slowdown time units")
+    deadline: Optional[Float] = Field(None, ge=1, allow_inf_nan=False, description="replies later than this are dropped")
     byzantine: Optional[ByzantineConfig] = None  # [faults.byzantine]: attackers (lowband.attacks)
 
     @model_validator(mode="after")
@@ -309,14 +320,14 @@ class FaultsConfig(_Strict):
 class LinkDirectionConfig(_Strict):
     """Overrides of one direction of the ``[links]`` preset (see lowband.comm.links); unset keys keep the preset's."""
 
-    bps: Optional[float] = Field(None, gt=0, description="bit/s on the air")
-    latency_s: Optional[float] = Field(None, ge=0)
-    loss: Optional[float] = Field(None, ge=0, lt=1, description="frame loss probability (re-sent until it arrives)")
-    frame_payload: Optional[int] = Field(None, ge=1)
-    frame_overhead: Optional[int] = Field(None, ge=0)
-    frame_time_s: Optional[float] = Field(None, ge=0)
-    duty_cycle: Optional[float] = Field(None, gt=0, le=1)
-    power_w: Optional[float] = Field(None, ge=0, description="the node's radio power (W) on this direction: "
+    bps: Optional[Float] = Field(None, gt=0, description="bit/s on the air")
+    latency_s: Optional[Float] = Field(None, ge=0)
+    loss: Optional[Float] = Field(None, ge=0, lt=1, description="frame loss probability (re-sent until it arrives)")
+    frame_payload: Optional[Int] = Field(None, ge=1)
+    frame_overhead: Optional[Int] = Field(None, ge=0)
+    frame_time_s: Optional[Float] = Field(None, ge=0)
+    duty_cycle: Optional[Float] = Field(None, gt=0, le=1)
+    power_w: Optional[Float] = Field(None, ge=0, description="the node's radio power (W) on this direction: "
                                      "transmit (up) or receive (down); adds energy/j")
 
 
@@ -326,16 +337,16 @@ class LinksConfig(_Strict):
     preset: str
     up: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
     down: LinkDirectionConfig = Field(default_factory=LinkDirectionConfig)
-    contact_period_s: Optional[float] = Field(None, gt=0)
-    contact_duration_s: Optional[float] = Field(None, gt=0)
-    contact_offset_s: Optional[float] = Field(None, ge=0)
+    contact_period_s: Optional[Float] = Field(None, gt=0)
+    contact_duration_s: Optional[Float] = Field(None, gt=0)
+    contact_offset_s: Optional[Float] = Field(None, ge=0)
     #: per-node presets: preset name -> node ids (the other nodes use ``preset`` with the overrides)
-    nodes: dict[str, list[int]] = Field(default_factory=dict)
+    nodes: dict[str, list[Int]] = Field(default_factory=dict)
     #: local compute: compute_s + 3 x forward FLOPs x samples / device_flops per round (0: no FLOP term)
-    device_flops: float = Field(1e9, ge=0)
-    compute_s: float = Field(0.0, ge=0)
+    device_flops: Float = Field(1e9, ge=0)
+    compute_s: Float = Field(0.0, ge=0)
     #: a reply (up or peer) arriving later than this many seconds after the round start is dropped
-    deadline_s: Optional[float] = Field(None, gt=0)
+    deadline_s: Optional[Float] = Field(None, gt=0)
     #: transmissions per lost-prone frame: their expectation 1 / (1 - loss), or seeded geometric draws
     retransmissions: Literal["expected", "sampled"] = "expected"
 
@@ -375,16 +386,16 @@ class EvalConfig(_Strict):
     """Which evaluation protocols run, how often, and the target for rounds/bytes-to-target."""
 
     protocols: Optional[list[Literal["global", "personal", "personal_joined", "node_global", "consensus"]]] = None
-    every: int = Field(1, ge=1)
-    batch_size: int = Field(500, ge=1)
+    every: Int = Field(1, ge=1)
+    batch_size: Int = Field(500, ge=1)
     #: score `personal` and `node_global` on a fixed sample of this many nodes, drawn once
     #: from the run's seed (None: every node); cuts their cost in proportion
-    nodes: Optional[int] = Field(None, ge=1)
+    nodes: Optional[Int] = Field(None, ge=1)
     #: rounds/bytes-to-target threshold on ``main``: an accuracy as a fraction (0.85, at
     #: most 1), a loss or spread as its value (reached when at or below it)
-    target: Optional[float] = Field(None, gt=0)
+    target: Optional[Float] = Field(None, gt=0)
     main: Optional[str] = None
-    at_round0: bool = True
+    at_round0: Bool = True
 
     @model_validator(mode="after")
     def _target_is_a_fraction(self, info: ValidationInfo) -> "EvalConfig":
@@ -422,7 +433,7 @@ class EngineConfig(_Strict):
     #: worker processes that run a step's calls in parallel: "auto" (one per core when the
     #: machine has several and the federation is big enough to pay, else 1), or a count
     #: (1: serially in this process). Serial executor only (Ray has ray_workers).
-    workers: Union[Literal["auto"], int] = "auto"
+    workers: Union[Literal["auto"], Int] = "auto"
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -437,26 +448,26 @@ class LogConfig(_Strict):
 
     #: write the metrics of every evaluated round to RUN/tb/ as TensorBoard scalars
     #: (extra lowband[tensorboard]; also ``lowband run --tensorboard``)
-    tensorboard: bool = False
+    tensorboard: Bool = False
 
 
 class Experiment(_Strict):
     """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
 
     name: str = "experiment"
-    seed: int = Field(0, ge=0)
-    rounds: int = Field(10, ge=0, le=1_000_000)
+    seed: Int = Field(0, ge=0)
+    rounds: Int = Field(10, ge=0, le=1_000_000)
     out_dir: Optional[str] = None
     executor: Literal["serial", "ray"] = "serial"
-    threads: Optional[int] = Field(None, ge=1, le=1024)  # torch crashes on absurd thread counts
+    threads: Optional[Int] = Field(None, ge=1, le=1024)  # torch crashes on absurd thread counts
     #: executor = "ray" (extra lowband[ray], docs/scale.md): the cluster to join ("auto" for
     #: the one `ray start` runs on this machine, "host:6379", "ray://host:10001"); unset: a
     #: local runtime of ray_num_cpus CPUs. ray_workers: shard actors, each owning a
     #: contiguous block of nodes (unset: one per CPU of the runtime, at most one per node).
     ray_address: Optional[str] = None
-    ray_workers: Optional[int] = Field(None, ge=1)
-    ray_num_cpus: Optional[int] = Field(None, ge=1)
-    checkpoint_every: int = Field(1, ge=0)
+    ray_workers: Optional[Int] = Field(None, ge=1)
+    ray_num_cpus: Optional[Int] = Field(None, ge=1)
+    checkpoint_every: Int = Field(1, ge=0)
     #: where training and evaluation run: "cpu", "cuda", "cuda:N", "mps" or "auto" (cuda if
     #: available, else mps, else cpu); see lowband.device (wire bytes are the same on every device)
     device: str = "cpu"
@@ -472,6 +483,14 @@ class Experiment(_Strict):
     links: Optional[LinksConfig] = None
     aggregation: Optional[AggregationConfig] = None  # [aggregation]: a robust rule (lowband.aggregation); None: none
     log: LogConfig = Field(default_factory=LogConfig)
+    #: "are you sure": a size beyond lowband.config.bounds' limits (rounds, epochs, batch sizes,
+    #: model widths, a memory estimate above the free memory) is refused unless this is true
+    allow_huge: Bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_run_name(v)
 
     @field_validator("device")
     @classmethod
@@ -484,6 +503,8 @@ class Experiment(_Strict):
     def _out_dir(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not v.strip():
             raise ValueError("empty; name the run folder (e.g. out_dir = \"runs/a\"), or leave it out for runs/<name>")
+        if v is not None:
+            _check_path_text(v, "out_dir")
         return v
 
     @field_validator("ray_address")
@@ -516,6 +537,39 @@ class Experiment(_Strict):
         return tomli_w.dumps(d)
 
 
+#: longest run name: a folder name under runs/ (most file systems allow 255 bytes a component)
+MAX_NAME_CHARS = 128
+#: longest path component of a run folder, in UTF-8 bytes (ext4, APFS, NTFS: 255)
+MAX_COMPONENT_BYTES = 255
+
+
+def _check_path_text(v: str, what: str) -> None:
+    """A path the run will create: printable, each component short enough for a file system."""
+    if any(ord(c) < 32 or c == "\x7f" for c in v):
+        raise ValueError(f"holds a control character; {what} is a folder path of printable characters")
+    long = next((part for part in v.replace("\\", "/").split("/") if len(part.encode()) > MAX_COMPONENT_BYTES), None)
+    if long is not None:
+        raise ValueError(f"a folder name of {len(long.encode())} bytes ({long[:20]}...); file systems allow "
+                         f"{MAX_COMPONENT_BYTES} bytes a component, use a shorter name")
+
+
+def check_run_name(v: str) -> str:
+    """A run name is a relative folder under runs/ (``fol/cifar10_fedavg`` is runs/fol/cifar10_fedavg):
+    at most :data:`MAX_NAME_CHARS` characters, no absolute path, no ``..`` or empty part, so the
+    run folder stays inside runs/ (``out_dir`` places a run anywhere, on purpose)."""
+    if not v.strip():
+        raise ValueError("empty; name the experiment, e.g. name = \"fedavg-digits\"")
+    if len(v) > MAX_NAME_CHARS:
+        raise ValueError(f"{len(v)} characters, at most {MAX_NAME_CHARS}; use a shorter name")
+    _check_path_text(v, "name")
+    parts = v.replace("\\", "/").split("/")
+    if v.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", v) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{v!r} would put the run folder outside runs/; a name is a relative folder without "
+                         f"'..', '.' or empty parts (e.g. name = \"fol/cifar10_fedavg\"); use out_dir to choose "
+                         f"another folder")
+    return v
+
+
 def _is_host_port(v: str) -> bool:
     host, sep, port = v.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
@@ -536,15 +590,32 @@ def _format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
         return f"{key}: unknown key"
+    got = err.get("input")
+    if err.get("type") in ("int_type", "float_type") and isinstance(got, bool):
+        msg = "must be a number, not true/false"
+    elif err.get("type") == "int_type" and isinstance(got, float):
+        msg = whole_number_hint(got)
+    elif err.get("type") == "bool_type":
+        msg = f"must be true or false, got {got!r}"
+        return f"{key}: {msg}"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
         # a section's own check naming one of its keys ("alpha: ..."): say the full key
         sub = re.match(r"([a-z_]+): ", msg)
         if sub and key and isinstance(err.get("input"), dict):
             key, msg = f"{key}.{sub.group(1)}", msg[sub.end():]
-    got = err.get("input")
-    got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    got_r = repr(got)
+    got_r = got_r if len(got_r) <= 60 else got_r[:40] + "..." + got_r[-8:]
+    got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got_r})"
     return f"{key}: {msg}{got_s}"
+
+
+def whole_number_hint(got: Any) -> str:
+    """The message for a float or a boolean where a whole number belongs (the caller adds ``(got ...)``)."""
+    if isinstance(got, bool):
+        return "must be a whole number, not true/false"
+    what = f"{got:.0f}" if isinstance(got, float) and got.is_integer() and abs(got) < 1e16 else "a whole number"
+    return f"must be a whole number written without a point or exponent (e.g. {what})"
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
