@@ -38,7 +38,7 @@ def imported_numbers(results: Path, page: str) -> set[str]:
     if not path.is_file():
         return set()
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return {x["number"] for x in lines[1:]}
+    return {x["number"] for x in lines[1:] if "number" in x}
 
 
 def unsourced(results: Path, page: str) -> list[str]:
