@@ -499,10 +499,9 @@ def test_version_and_log_levels(tmp_path: Path, capsys) -> None:
     rc, _, err = cli(capsys, "run", cfg, "--log-level", "loud")
     assert rc == 2 and "--log-level" in err
     from lowband.cli import _Progress
-    from rich.progress import TimeRemainingColumn
 
     bar = _Progress("x", "global/acc", 3)
     try:
-        assert any(isinstance(c, TimeRemainingColumn) for c in bar._bar.columns)  # the ETA
+        assert any(type(c).__name__ == "EtaColumn" for c in bar._bar.columns)  # the ETA (its own: works for slow rounds)
     finally:
         bar.close()

@@ -74,7 +74,8 @@ def stats(values: Iterable[Optional[float]], bounds: Optional[tuple[float, float
     (std and interval are None for fewer than two values).
 
     With ``bounds`` (a bounded metric, :func:`metric_bounds`), the interval is clipped to
-    them and ``ci_clipped`` (present for a bounded metric only) says whether it was: with two seeds the t-interval's half-width is
+    them and ``ci_clipped`` (present for a bounded metric only) says whether it was: with two
+    seeds the t-interval's half-width is
     12.7 standard errors, and an accuracy's interval of -37% to 134% says nothing a clipped one
     does not, while it breaks the plots' axes."""
     vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]

@@ -530,8 +530,11 @@ class Experiment(_Strict):
         """The resolved configuration as TOML (None values dropped), as written to run_dir:
         reading it back gives the same run. A ring's ``k`` left out is written as the 1 the
         run uses (the schema's default 5 is k-regular's), else a re-run or ``--resume`` of
-        the written file would build a 5-ring."""
+        the written file would build a 5-ring. ``allow_huge`` is written only when set: a
+        guard that changes no number, so a config written before it existed reads the same."""
         d = _drop_none(self.model_dump(mode="json"))
+        if not d.get("allow_huge"):
+            d.pop("allow_huge", None)
         if self.topology.kind == "ring" and "k" not in self.topology.model_fields_set:
             d["topology"]["k"] = RING_DEFAULT_K
         return tomli_w.dumps(d)
