@@ -207,3 +207,33 @@ def test_adaptive_clip_moves_in_a_real_run(tmp_path: Path) -> None:
     clips = [r["alg/dp/clip"] for r in res.metrics[1:]]
     assert clips[0] == pytest.approx(0.1) and len(set(clips)) == len(clips)  # the clip follows the norms
     assert math.isfinite(res.summary["dp/epsilon"])
+
+
+def test_frontier_takes_dp_and_secagg_keys_and_marks_refused_cells(tmp_path: Path, capsys) -> None:
+    """The issue's command: `lowband frontier CONFIG --methods fedavg,fedcspack --codecs "fp32,qsgd(4)"
+    dp.target_epsilon=8 secagg.enabled=true` (distributed DP in the base config): the served cell
+    runs and reports its epsilon; every other cell is refused with its one-line reason."""
+    import csv
+
+    cfg = _cfg(tmp_path, rounds=2, dp={"mechanism": "distributed", "clip": 1.0, "noise_multiplier": 2.0, "bits": 20})
+    path = tmp_path / "base.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    out = tmp_path / "front"
+    rc = main(["frontier", str(path), "--methods", "fedavg,fedcspack", "--codecs", "fp32,qsgd(4)",
+               "dp.target_epsilon=8", "secagg.enabled=true", "--backend", "serial", "--quiet", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = {(r["method"], r["codec"]): r for r in csv.DictReader(open(out / "frontier.csv"))}
+    ok = rows[("fedavg", "fp32")]
+    assert ok["status"] == "ok" and 0 < float(ok["epsilon"]) <= 8 and float(ok["secagg_bytes"]) > 0
+    assert rows[("fedavg", "qsgd(4)")]["status"] == "refused" and "qsgd" in rows[("fedavg", "qsgd(4)")]["reason"]
+    for codec in ("fp32", "qsgd(4)"):
+        r = rows[("fedcspack", codec)]
+        assert r["status"] == "refused" and "fedcspack" in r["reason"] and "\n" not in r["reason"]
+    md = (out / "frontier.md").read_text()
+    assert "| epsilon |" in md.replace("epsilon | Pareto", "epsilon |") and "fedcspack x fp32: refused:" in md
+    # a central-DP frontier over its budget: the cell is refused before it runs, with the fix
+    cfg = _cfg(tmp_path / "c", rounds=2, dp={**CENTRAL, "target_epsilon": 1.0})
+    from lowband.tradeoff import frontier_cells, parse_methods
+
+    cells = frontier_cells(cfg, parse_methods("fedavg"), ["fp32"], tmp_path / "c-front", None)
+    assert cells[0].status == "refused" and "dp.noise_multiplier >=" in cells[0].reason
