@@ -237,3 +237,16 @@ def test_frontier_takes_dp_and_secagg_keys_and_marks_refused_cells(tmp_path: Pat
 
     cells = frontier_cells(cfg, parse_methods("fedavg"), ["fp32"], tmp_path / "c-front", None)
     assert cells[0].status == "refused" and "dp.noise_multiplier >=" in cells[0].reason
+
+
+def test_a_sweep_over_dp_keys_reports_epsilon(tmp_path: Path) -> None:
+    from lowband.batch import run_sweep
+
+    cfg = _cfg(tmp_path, rounds=2, dp=CENTRAL)
+    out, cells = run_sweep(cfg, {"dp.noise_multiplier": [0.5, 2.0]}, out=tmp_path / "sw", backend="serial",
+                           progress=False)
+    md = (out / "sweep.md").read_text()
+    assert "| epsilon |" in md
+    eps = [json.loads((c.dir / "summary.json").read_text())["dp/epsilon"] for c in cells]
+    assert eps[0] > eps[1] > 0  # more noise, less epsilon
+    assert f"{eps[0]:.3g}" in md and f"{eps[1]:.3g}" in md
