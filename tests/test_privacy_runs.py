@@ -250,3 +250,11 @@ def test_a_sweep_over_dp_keys_reports_epsilon(tmp_path: Path) -> None:
     eps = [json.loads((c.dir / "summary.json").read_text())["dp/epsilon"] for c in cells]
     assert eps[0] > eps[1] > 0  # more noise, less epsilon
     assert f"{eps[0]:.3g}" in md and f"{eps[1]:.3g}" in md
+
+
+def test_lowband_list_shows_the_mechanisms_and_their_parameters(capsys) -> None:
+    assert main(["list", "privacy"]) == 0
+    out = capsys.readouterr().out
+    for words in ("central", "local", "distributed", "secagg", "dp.noise_multiplier = 1.0", "dp.delta = 1e-05",
+                  "secagg.modulus_bits = 32", "dp.target_epsilon"):
+        assert words in out, words
