@@ -143,6 +143,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("links: ([links] preset = NAME; figures and sources in docs/user-guide.md, \"Link models\")")
         for name, p in PRESETS.items():
             print(f"  {name:<14} {p.description}\n      {describe(p)}")
+    if what in (None, "privacy"):
+        from lowband.config.schema import DPConfig, SecAggConfig
+        from lowband.privacy.central import CENTRAL_DP_RELEASES
+        from lowband.privacy.secagg_steps import SECAGG_SERVES
+
+        print("privacy: ([dp] mechanism = NAME, [secagg] enabled = true; docs/privacy.md)")
+        print(f"  central      DP-FedAvg at the server (McMahan et al. 2018): {', '.join(sorted(a for a, n in CENTRAL_DP_RELEASES.items() if n == 1))}")
+        print("  local        clip(S)+gauss(z) on every sender before the codec: any method")
+        print("  distributed  Skellam noise inside secure aggregation (Agarwal et al. 2021): with [secagg]")
+        print(f"  secagg       SecAgg+ (Bell et al. 2020), messages counted: {', '.join(SECAGG_SERVES)}; uplink fp32")
+        for title, model in (("dp", DPConfig), ("secagg", SecAggConfig)):
+            for key, f in model.model_fields.items():
+                print(f"      {title}.{key} = {f.default!r}  {f.description or ''}")
     return 0
 
 
@@ -316,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies, "
                                      "link presets")
     ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies", "server_opts",
-                                                    "links"])
+                                                    "links", "privacy"])
     ls.set_defaults(fn=cmd_list)
 
     d = sub.add_parser("demo", help="several algorithms on the embedded digits data (no files needed)")

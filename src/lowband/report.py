@@ -406,6 +406,9 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
             row[f"bytes_{d}"] = stats(f.get(f"bytes_{d}") for f in flat)["mean"]
         row["declared_bytes"] = stats(sum(f.get(f"declared_bytes_{d}") or 0 for d in ("up", "down", "peer"))
                                       for f in flat)["mean"]
+        eps = [x.get("dp/epsilon", x.get("dp/local_epsilon")) for x in sums]
+        if any(e is not None for e in eps):  # a [dp] run: the epsilon it spent beside its bytes
+            row["epsilon"] = stats(eps)["mean"]
         row["dir"] = c.dir.name
         rows.append(row)
     return rows
@@ -416,6 +419,9 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
     unit = _pct_heading([str(r["metric"]) for r in rows])
     head = [*keys, "metric", f"final{unit}" + (" (mean ± std)" if multi else ""), "95% CI" if multi else None,
             f"best{unit}", "rounds to target", "bytes to target", "up", "down", "peer", "n"]
+    private = any("epsilon" in r for r in rows)
+    if private:
+        head.insert(-1, "epsilon")
     head = [h for h in head if h is not None]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -432,6 +438,8 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
                  ci if multi else None, fmt_mean_std(r["best"], r["best_std"], pct=pct), rtt,
                  fmt_bytes(r["bytes_to_target"]), fmt_bytes(r["bytes_up"]), fmt_bytes(r["bytes_down"]),
                  fmt_bytes(r["bytes_peer"]), str(r["n"])]
+        if private:
+            cells.insert(-1, "-" if r.get("epsilon") is None else f"{r['epsilon']:.3g}")
         lines.append("| " + " | ".join(c for c in cells if c is not None) + " |")
     if multi and any(r.get("final_ci_clipped") for r in rows):
         lines.append("")

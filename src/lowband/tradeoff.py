@@ -14,7 +14,8 @@ The runs go through the sweep/seeds runner (:mod:`lowband.batch`): resumable cel
 second invocation redoes nothing), a process pool, one progress bar. Then, in the out folder:
 
 - ``frontier.csv``: one row per cell: method, codec, status (``ok`` / ``skipped`` /
-  ``failed``) and reason, seeds, the final main metric (mean, std), cumulative uplink and
+  ``refused`` (a ``[dp]``/``[secagg]`` setting the cell cannot serve, or over
+  ``dp.target_epsilon``) / ``failed``) and reason, the epsilon spent (with ``[dp]``), seeds, the final main metric (mean, std), cumulative uplink and
   total bytes, rounds- and bytes-to-target, simulated time and time-to-target (with a
   link), and whether the cell is Pareto-optimal by bytes and by time;
 - ``frontier.md``: the same as a Markdown table, Pareto-optimal cells marked ``*``;
@@ -139,7 +140,7 @@ class FrontierCell:
     cell: Optional[Cell] = None
     reason: str = ""
     notes: list[str] = field(default_factory=list)
-    status: str = "ok"  # ok | skipped | failed
+    status: str = "ok"  # ok | skipped | refused | failed
 
 
 def cell_raw(base: dict[str, Any], method: dict[str, Any], codec: str) -> tuple[dict[str, Any], list[str]]:
@@ -160,6 +161,29 @@ def cell_raw(base: dict[str, Any], method: dict[str, Any], codec: str) -> tuple[
     return r, notes
 
 
+def _not_run(exc: ConfigError) -> str:
+    """``refused`` for a privacy setting the cell's method or codec cannot serve (``[dp]``,
+    ``[secagg]``: lowband.privacy.config.PrivacyRefused), else ``skipped``."""
+    from lowband.privacy.config import PrivacyRefused
+
+    return "refused" if isinstance(exc, PrivacyRefused) else "skipped"
+
+
+def precheck_privacy(exp: Any) -> None:
+    """A cell over ``dp.target_epsilon`` refused before it runs: central DP's schedule planned
+    from the config (population ``data.num_clients``, the star's cohort), as the run plans it.
+    Distributed DP's schedule needs the model's size and is planned by the run itself."""
+    dp = getattr(exp, "dp", None)
+    if dp is None or dp.mechanism != "central" or dp.target_epsilon is None:
+        return
+    from lowband.privacy.build import plan_central
+    from lowband.privacy.config import run_sampling
+
+    n, t = exp.data.num_clients, exp.topology
+    cohort = {"count": t.count or 0, "fraction": max(1, int(round(t.fraction * n)))}.get(t.sampling, n)
+    plan_central(dp, n, min(max(cohort, 1), n), run_sampling(exp), exp.rounds)
+
+
 def frontier_cells(base: dict[str, Any], methods: Sequence[tuple[str, dict[str, Any]]], codecs: Sequence[str],
                    out: Path, seeds: Optional[Sequence[int]]) -> list[FrontierCell]:
     """Every (method, codec) cell, validated: runnable ones carry their jobs."""
@@ -175,9 +199,9 @@ def frontier_cells(base: dict[str, Any], methods: Sequence[tuple[str, dict[str, 
             params = {"method": label, "codec": codec}
             raw["name"] = f"{base_name}[{label}, {codec}]"
             try:
-                validate(raw)
+                precheck_privacy(validate(raw))
             except ConfigError as exc:
-                fc.status, fc.reason = "skipped", str(exc).splitlines()[0]
+                fc.status, fc.reason = _not_run(exc), str(exc).splitlines()[0]
                 cells.append(fc)
                 continue
             d = out / cell_dirname(params)
@@ -246,7 +270,9 @@ def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]])
                 "bytes_to_target": stats(_with_declared(f.get("bytes_to_target"), f.get("declared_bytes_to_target"))
                                          for f in flat)["mean"],
                 "sim_time_s": stats(f.get("sim_time_s") for f in flat)["mean"],
-                "time_to_target_s": ttt["mean"], "dir": fc.cell.dir.name})
+                "time_to_target_s": ttt["mean"], "dir": fc.cell.dir.name,
+                "epsilon": stats(_epsilon(s) for s in sums)["mean"],
+                "secagg_bytes": stats(s.get("secagg/bytes") for s in sums)["mean"]})
         rows.append(row)
     up = higher_is_better(next((r["metric"] for r in rows if r.get("metric")), None))
     by_bytes = pareto_mask([(r.get("final"), r.get("bytes_total")) for r in rows], maximise=up)
@@ -257,9 +283,15 @@ def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]])
     return rows
 
 
+def _epsilon(summary: dict[str, Any]) -> Optional[float]:
+    """The epsilon a run spent (central or distributed DP; local DP: its worst node), None without DP."""
+    v = summary.get("dp/epsilon", summary.get("dp/local_epsilon"))
+    return None if v is None else float(v)
+
+
 CSV_COLUMNS = ["method", "codec", "status", "reason", "notes", "seeds", "n", "metric", "final", "final_std",
                "bytes_up", "bytes_total", "target", "rounds_to_target", "reached", "bytes_to_target",
-               "sim_time_s", "time_to_target_s", "pareto_bytes", "pareto_time", "dir"]
+               "sim_time_s", "time_to_target_s", "epsilon", "secagg_bytes", "pareto_bytes", "pareto_time", "dir"]
 
 
 def _fmt_s(v: Optional[float]) -> str:
@@ -280,6 +312,9 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
     head = ["method", "codec", "final" + (" %" if "acc" in str(metric) else "") + " (mean ± std)", "uplink", "total", "rounds to target", "bytes to target"]
     if timed:
         head += ["sim time", "time to target"]
+    private = any(r.get("epsilon") is not None for r in rows)
+    if private:
+        head += ["epsilon"]
     head += ["Pareto (bytes)"] + (["Pareto (time)"] if timed else []) + ["n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     skipped = []
@@ -299,12 +334,15 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
                  fmt_bytes(r["bytes_up"]), fmt_bytes(r["bytes_total"]), rtt, fmt_bytes(r["bytes_to_target"])]
         if timed:
             cells += [_fmt_s(r["sim_time_s"]), _fmt_s(r["time_to_target_s"])]
+        if private:
+            cells += ["-" if r.get("epsilon") is None else f"{r['epsilon']:.3g}"]
         cells += ["*" if r["pareto_bytes"] else ""] + (["*" if r["pareto_time"] else ""] if timed else [])
         cells.append(str(r["n"]))
         lines.append("| " + " | ".join(cells) + " |")
     bound = "at least" if higher_is_better(metric) else "at most"
     text = (f"Final {metric}; `*`: Pareto-optimal (no other cell reaches {bound} its {metric} with fewer "
-            f"total bytes (encoded + declared)" + (" / less simulated time" if timed else "") + ").\n\n"
+            f"total bytes (encoded + declared)" + (" / less simulated time" if timed else "") + ")"
+            + ("; epsilon: spent by the end, at the run's dp.delta" if private else "") + ".\n\n"
             + "\n".join(lines) + "\n")
     if skipped:
         text += "\nNot run:\n\n" + "\n".join(skipped) + "\n"

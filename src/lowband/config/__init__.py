@@ -25,7 +25,8 @@ from typing import Any
 
 _SCHEMA = ("ConfigError", "Facts", "PROTOCOLS", "TOPOLOGY_KEYS", "STAR_SAMPLING_KEYS", "RING_DEFAULT_K", "DataConfig",
            "ModelConfig", "AlgorithmConfig", "TopologyConfig", "CommConfig", "FaultsConfig", "LinkDirectionConfig",
-           "LinksConfig", "EvalConfig", "EngineConfig", "LogConfig", "Experiment", "parse_experiment")
+           "LinksConfig", "EvalConfig", "EngineConfig", "LogConfig", "DPConfig", "SecAggConfig",
+           "Experiment", "parse_experiment")
 _LOADING = ("parse_override", "apply_overrides", "load_toml", "MAX_CONFIG_BYTES")
 _RESOLVE = ("validate", "load_experiment", "hyperparams", "topology_defaults", "facts")
 

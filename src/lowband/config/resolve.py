@@ -43,7 +43,18 @@ def validate(raw: dict[str, Any]) -> Experiment:
     from lowband.engine.checks import check_experiment
 
     check_experiment(exp)
+    _validate_privacy(exp)
     return exp
+
+
+def _validate_privacy(exp: Experiment) -> None:
+    """``[dp]`` / ``[secagg]`` against the algorithm, codecs and sampling (lowband.privacy.config)."""
+    if exp.dp is None and exp.secagg is None:
+        return
+    from lowband.algorithms import ALGORITHMS
+    from lowband.privacy.config import check_experiment_privacy
+
+    check_experiment_privacy(exp, ALGORITHMS[exp.algorithm.name].family)
 
 
 def _validate_links(exp: Experiment) -> None:

@@ -451,6 +451,62 @@ class LogConfig(_Strict):
     tensorboard: Bool = False
 
 
+class DPConfig(BaseModel):
+    """``[dp]``: differential privacy (docs/privacy.md). Refusals that need the algorithm,
+    the codecs or the sampling are :func:`lowband.privacy.config.check_privacy`'s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    mechanism: Literal["none", "central", "local", "distributed"] = Field(
+        "none", description="where the noise is added: central (DP-FedAvg at the server), local (clip+gauss on "
+        "every sender before the codec), distributed (Skellam inside secure aggregation)")
+    noise_multiplier: float = Field(1.0, gt=0, description="z: noise std over the clip norm")
+    clip: Optional[float] = Field(None, gt=0, description="S: L2 clip of each update or message (None with "
+                                  "adaptive_clip: start at 0.1)")
+    adaptive_clip: bool = Field(False, description="clip at a quantile of the update norms (Andrew et al. 2021; "
+                                "central only)")
+    target_quantile: float = Field(0.5, gt=0, lt=1, description="gamma of adaptive clipping")
+    clip_learning_rate: float = Field(0.2, gt=0, description="eta_C of adaptive clipping")
+    bit_noise: Optional[float] = Field(None, gt=0, description="sigma_b of adaptive clipping (None: cohort / 20)")
+    delta: float = Field(1e-5, gt=0, lt=1, description="delta at which epsilon is reported")
+    accountant: Literal["rdp", "pld"] = Field("rdp", description="dp-accounting's RDP or PLD accountant")
+    target_epsilon: Optional[float] = Field(None, gt=0, description="refuse a run whose schedule exceeds it")
+    bits: int = Field(16, ge=2, le=62, description="bits per coordinate of distributed DP's modular sum")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DPConfig":
+        if self.mechanism != "none" and self.clip is None and not self.adaptive_clip:
+            raise ValueError("dp.clip must be set (or dp.adaptive_clip = true with dp.mechanism = \"central\")")
+        if self.adaptive_clip and self.mechanism != "central":
+            raise ValueError(f"dp.adaptive_clip is read only with dp.mechanism = \"central\", not {self.mechanism!r}")
+        if self.target_epsilon is not None and self.mechanism == "none":
+            raise ValueError("dp.target_epsilon needs a dp.mechanism (\"central\", \"local\" or \"distributed\"): "
+                             "without one nothing spends epsilon")
+        return self
+
+
+class SecAggConfig(BaseModel):
+    """``[secagg]``: SecAgg+ secure aggregation (docs/privacy.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    enabled: bool = False
+    degree: Optional[int] = Field(None, ge=2, description="neighbours per client (even); None: all others")
+    threshold: Optional[int] = Field(None, ge=1, description="Shamir shares needed; None: degree // 2 + 1")
+    modulus_bits: int = Field(32, ge=8, le=62, description="the sum is taken mod 2**modulus_bits")
+    clip_range: float = Field(8.0, gt=0, description="coordinates are clipped to [-clip_range, clip_range] "
+                              "before quantisation")
+    levels_bits: Optional[int] = Field(None, ge=2, description="quantisation levels 2**levels_bits; None: "
+                                       "the most the modulus leaves room for")
+
+    @field_validator("degree")
+    @classmethod
+    def _even(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v % 2:
+            raise ValueError(f"must be even (a k-regular communication graph), got {v}")
+        return v
+
+
 class Experiment(_Strict):
     """A whole experiment: validated, then handed to :func:`lowband.engine.run`."""
 
@@ -486,6 +542,10 @@ class Experiment(_Strict):
     #: "are you sure": a size beyond lowband.config.bounds' limits (rounds, epochs, batch sizes,
     #: model widths, a memory estimate above the free memory) is refused unless this is true
     allow_huge: Bool = False
+    #: differential privacy (docs/privacy.md); None: none
+    dp: Optional[DPConfig] = None
+    #: secure aggregation (docs/privacy.md); None: none
+    secagg: Optional[SecAggConfig] = None
 
     @field_validator("name")
     @classmethod

@@ -42,6 +42,7 @@ from lowband.engine.evaluation import Evaluator
 from lowband.engine.backends import choose_executor
 from lowband.engine.executor import NodeEnv, ServerData
 from lowband.engine.observers import Counters, Observer, Progress, Round, Run, default_observers
+from lowband.engine.observers.privacy import privacy_observer
 from lowband.engine.pool import PoolExecutor
 from lowband.engine.rounds import ExecutorBackend, RoundLoop, append_records, send
 from lowband.engine.rounds import deliver as deliver_items
@@ -196,6 +197,7 @@ class Simulation:
             self.alg.check_topology(self.topology, self.num_nodes)
         self.ledger = Ledger()
         self.builder = self._model_builder()
+        self.privacy = self._privacy()  # [dp]/[secagg]: the algorithm wrapped, the senders' transform
         self.network = self._network()
         self.executor = self._executor()
         self.protocols = checks.resolve_protocols(self.alg, self.fed, exp.eval.protocols)
@@ -217,7 +219,8 @@ class Simulation:
             exp.algorithm.name)
         #: the run's observers, in hook order (lowband.engine.observers.default_observers)
         self.observers: list[Observer] = default_observers(
-            self, traffic=traffic, builder=self.builder, progress=self._progress, extra=observers,
+            self, traffic=traffic, builder=self.builder, progress=self._progress,
+            extra=[*privacy_observer(self.privacy), *observers],
             checkpoints=getattr(self.backend, "checkpoints", True))
 
     # -- building ---------------------------------------------------------------------------
@@ -237,13 +240,37 @@ class Simulation:
             self.model_sizes = {a: count_params(builder(i)) for i, a in enumerate(self.mix)} if self.mix else {}
         return builder
 
+    def _privacy(self) -> Any:
+        """``[dp]`` and ``[secagg]`` (lowband.privacy.build): the algorithm is re-made from its
+        wrapped class (central DP, secure aggregation), the local-DP transform goes to the
+        network; the epsilon schedule is planned here, so a run over ``dp.target_epsilon``
+        is refused (ConfigError) before anything is written. None without privacy."""
+        exp = self.exp
+        if exp.dp is None and exp.secagg is None:
+            return None
+        from lowband.privacy.build import build_privacy
+
+        t = self.topology
+        cohort = int(getattr(t, "per_round", self.num_nodes))
+        if cohort < 1:  # a fixed schedule: its largest round
+            cohort = max(len(s) for s in t.schedule)
+        init = self.builder.init_params(0)
+        dims = sum(v.numel() for v in init.values() if v.is_floating_point())
+        setup = build_privacy(exp, type(self.alg), population=self.num_nodes, cohort=cohort, dims=dims)
+        if setup.algorithm is not type(self.alg):
+            alg = setup.algorithm(hyperparams(exp))
+            alg.num_nodes, alg.scratch_root = self.alg.num_nodes, self.alg.scratch_root
+            self.alg = alg
+        return setup
+
     def _network(self) -> Network:
         exp, b = self.exp, self.builder
         with config_errors("comm"):
             policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor or None,
                                       partial_kinds=frozenset(self.alg.partial_kinds))
             return Network(
-                CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction)),
+                CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction),
+                            transform=self.privacy.transform if self.privacy is not None else ""),
                 self.ledger, exp.seed, validator=Validator(policy, ExpectedShapes(b.init_params, b.key)),
                 device=None if is_cpu(self.device) else self.device,
             )

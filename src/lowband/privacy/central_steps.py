@@ -82,5 +82,15 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
                 out.update(self.dp_track.metrics(int(server_state["dp_round"])))
             return out
 
+        def __reduce__(self):  # a class made here has no importable name: pickle how to make it again
+            return _remade, (with_central_dp, (cls, rule, track), self.__dict__)
+
     Private.__name__ = Private.__qualname__ = f"DP{cls.__name__}"
     return Private
+
+
+def _remade(wrap, args: tuple, state: dict) -> Any:
+    """An instance of ``wrap(*args)`` with ``state`` (unpickling a wrapped algorithm in a worker)."""
+    obj = object.__new__(wrap(*args))
+    obj.__dict__.update(state)
+    return obj

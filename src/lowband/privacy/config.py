@@ -1,61 +1,26 @@
 """The ``[dp]`` and ``[secagg]`` sections of an experiment, and the checks that refuse,
 before a run starts, a combination that cannot be served (one line each).
 
-Imports nothing of lowband but the privacy tables (so the config schema can include these
-models). :func:`check_privacy` is what a run's setup calls with the algorithm's name and
-family, the codec specs in use and the sampling, before anything is written.
+The section models live in the schema (:mod:`lowband.config.schema`, which imports nothing
+of lowband) and are re-exported here. :func:`check_privacy` is the pure check of a
+combination; :func:`check_experiment_privacy` reads it off a validated experiment (the
+resolver calls it, so every front door refuses before anything is written) and raises
+:class:`PrivacyRefused`, a :class:`~lowband.config.schema.ConfigError` that ``lowband
+frontier`` reports as a *refused* cell.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from lowband.config.schema import ConfigError, DPConfig, Experiment, SecAggConfig
 
-
-class DPConfig(BaseModel):
-    """``[dp]``: differential privacy (docs/privacy.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mechanism: Literal["none", "central", "local", "distributed"] = Field(
-        "none", description="where the noise is added: central (DP-FedAvg at the server), local (clip+gauss on "
-        "every sender before the codec), distributed (Skellam inside secure aggregation)")
-    noise_multiplier: float = Field(1.0, gt=0, description="z: noise std over the clip norm")
-    clip: Optional[float] = Field(None, gt=0, description="S: L2 clip of each update or message (None with "
-                                  "adaptive_clip: start at 0.1)")
-    adaptive_clip: bool = Field(False, description="clip at a quantile of the update norms (Andrew et al. 2021; "
-                                "central only)")
-    target_quantile: float = Field(0.5, gt=0, lt=1, description="gamma of adaptive clipping")
-    clip_learning_rate: float = Field(0.2, gt=0, description="eta_C of adaptive clipping")
-    bit_noise: Optional[float] = Field(None, gt=0, description="sigma_b of adaptive clipping (None: cohort / 20)")
-    delta: float = Field(1e-5, gt=0, lt=1, description="delta at which epsilon is reported")
-    accountant: Literal["rdp", "pld"] = Field("rdp", description="dp-accounting's RDP or PLD accountant")
-    target_epsilon: Optional[float] = Field(None, gt=0, description="refuse a run whose schedule exceeds it")
-    bits: int = Field(16, ge=2, le=62, description="bits per coordinate of distributed DP's modular sum")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "DPConfig":
-        if self.mechanism != "none" and self.clip is None and not self.adaptive_clip:
-            raise ValueError("dp.clip must be set (or dp.adaptive_clip = true with dp.mechanism = \"central\")")
-        if self.adaptive_clip and self.mechanism != "central":
-            raise ValueError(f"dp.adaptive_clip is read only with dp.mechanism = \"central\", not {self.mechanism!r}")
-        return self
+__all__ = ["DPConfig", "SecAggConfig", "PrivacyRefused", "SECAGG_UPLINK_CODECS", "check_privacy",
+           "check_experiment_privacy", "run_sampling", "uplink_codecs", "robust_rule"]
 
 
-class SecAggConfig(BaseModel):
-    """``[secagg]``: SecAgg+ secure aggregation (docs/privacy.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
-    degree: Optional[int] = Field(None, ge=2, description="neighbours per client (even); None: all others")
-    threshold: Optional[int] = Field(None, ge=1, description="Shamir shares needed; None: degree // 2 + 1")
-    modulus_bits: int = Field(32, ge=8, le=62, description="the sum is taken mod 2**modulus_bits")
-    clip_range: float = Field(8.0, gt=0, description="coordinates are clipped to [-clip_range, clip_range] "
-                              "before quantisation")
-    levels_bits: Optional[int] = Field(None, ge=2, description="quantisation levels 2**levels_bits; None: "
-                                       "the most the modulus leaves room for")
+class PrivacyRefused(ConfigError):
+    """A privacy setting the run cannot serve (one line: what and how to fix)."""
 
 
 #: uplink codecs SecAgg accepts: the upload travels as the masked field vector (the field
@@ -65,18 +30,25 @@ class SecAggConfig(BaseModel):
 SECAGG_UPLINK_CODECS = ("fp32",)
 
 
-def check_privacy(dp: DPConfig, secagg: SecAggConfig, *, algorithm: str, family: str,
+def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, algorithm: str, family: str,
                   uplink_codecs: tuple[str, ...] = (), sampling: str = "fixed",
                   norm_screen: bool = False, robust_rule: Optional[str] = None) -> None:
     """Raise ValueError (one line) for a combination that cannot be served (docs/privacy.md)."""
     from .central import central_dp_releases
     from .secagg_steps import check_secagg
 
+    dp = dp or DPConfig()
+    secagg = secagg or SecAggConfig()
+
     if dp.mechanism == "central":
         central_dp_releases(algorithm, family)
         if dp.accountant == "pld" and sampling == "fixed":
             raise ValueError("dp.accountant = \"pld\" cannot account fixed-size sampling without replacement: set "
                              "dp.accountant = \"rdp\"")
+        if sampling == "list":
+            raise ValueError("dp.mechanism = \"central\" needs random client sampling to account it: "
+                             "topology.sampling = \"list\" replays a fixed schedule; use \"count\", \"fraction\" "
+                             "or \"all\"")
         if robust_rule is not None:
             raise ValueError(f"dp.mechanism = \"central\" and aggregation rule {robust_rule!r} are both aggregation "
                              f"rules: choose one")
@@ -87,7 +59,7 @@ def check_privacy(dp: DPConfig, secagg: SecAggConfig, *, algorithm: str, family:
         check_secagg(algorithm, family)
         if norm_screen:
             raise ValueError("secagg.enabled = true hides individual updates: the norm screen "
-                             "(validation.norm_factor) cannot see them; drop one")
+                             "(comm.norm_factor) cannot see them; set comm.norm_factor = 0 or drop secagg")
         if robust_rule is not None:
             raise ValueError(f"secagg.enabled = true hides individual updates: aggregation rule {robust_rule!r} "
                              f"needs them; drop one")
@@ -100,3 +72,75 @@ def check_privacy(dp: DPConfig, secagg: SecAggConfig, *, algorithm: str, family:
                                  f"(quantised to 2**secagg.levels_bits levels), so uplink codec {spec!r} would be "
                                  f"ignored; drop it (lowband's top-k, qsgd, int8, random masks and sketches are "
                                  f"per-client, not summable)")
+
+
+def run_sampling(exp: Experiment) -> str:
+    """The sampling event of a server run's cohort: ``"fixed"`` (``topology.sampling`` =
+    ``"count"``/``"fraction"``: a fixed-size cohort without replacement), ``"all"`` or ``"list"``."""
+    s = exp.topology.sampling
+    return "fixed" if s in ("count", "fraction") else s
+
+
+def uplink_codecs(exp: Experiment) -> tuple[str, ...]:
+    """The codec specs an upload can travel under: the uplink's (``comm.by_direction.up``,
+    else ``comm.codec``) and every ``comm.by_kind`` one (a kind's codec wins over the link's)."""
+    up = exp.comm.by_direction.get("up", exp.comm.codec)
+    return (up, *[v for k, v in sorted(exp.comm.by_kind.items())])
+
+
+def robust_rule(exp: Experiment) -> Optional[str]:
+    """The configured robust aggregation rule (``[aggregation] rule``), if the schema has the
+    section and a rule other than the plain mean is set."""
+    rule = getattr(getattr(exp, "aggregation", None), "rule", None)
+    return None if rule in (None, "mean") else str(rule)
+
+
+def check_experiment_privacy(exp: Experiment, family: str) -> None:
+    """:func:`check_privacy` of a validated experiment; :class:`PrivacyRefused` (one line).
+
+    The norm screen counts as needing individual updates only when ``comm.norm_factor`` is
+    set in the config: the default screen compares same-kind messages, and under SecAgg
+    those are masked field vectors whose norms say nothing (it never rejects them)."""
+    if exp.dp is None and exp.secagg is None:
+        return
+    screen = "norm_factor" in exp.comm.model_fields_set and bool(exp.comm.norm_factor)
+    try:
+        check_privacy(exp.dp, exp.secagg, algorithm=exp.algorithm.name, family=family,
+                      uplink_codecs=uplink_codecs(exp), sampling=run_sampling(exp), norm_screen=screen,
+                      robust_rule=robust_rule(exp))
+        _check_distributed_modulus(exp)
+        _check_wiring(exp, family)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise PrivacyRefused(str(e).splitlines()[0]) from None
+
+
+def _check_distributed_modulus(exp: Any) -> None:
+    dp, sa = exp.dp, exp.secagg
+    if dp is None or dp.mechanism != "distributed" or sa is None:
+        return
+    if "modulus_bits" in sa.model_fields_set and sa.modulus_bits != dp.bits:
+        raise ValueError(f"dp.mechanism = \"distributed\": the noise and the sum live in one ring of dp.bits = "
+                         f"{dp.bits} bits, but secagg.modulus_bits = {sa.modulus_bits}; set one of them to the "
+                         f"other (or leave secagg.modulus_bits out)")
+
+
+def _check_wiring(exp: Any, family: str) -> None:
+    """What the run's build (:mod:`lowband.privacy.build`) cannot wire yet."""
+    from .central import central_dp_releases
+
+    dp = exp.dp
+    if dp is not None and dp.mechanism == "central" and central_dp_releases(exp.algorithm.name, family) != 1:
+        raise ValueError(f"dp.mechanism = \"central\" with {exp.algorithm.name!r} releases two sums a round (model "
+                         f"and control-variate deltas), which needs the aggregation hook (lowband.aggregation); "
+                         f"not wired yet: use dp.mechanism = \"local\" or fedavg, fedprox, moon, fedntd")
+    if dp is not None and dp.mechanism == "local":
+        if dp.target_epsilon is not None:
+            raise ValueError("dp.target_epsilon is planned before the run for central and distributed DP; local DP's "
+                             "epsilon depends on the messages each node really sends (metrics: dp/local_epsilon): "
+                             "leave dp.target_epsilon out")
+        if exp.secagg is not None and exp.secagg.enabled:
+            raise ValueError("dp.mechanism = \"local\" noises float messages, but under secagg.enabled = true the "
+                             "update travels as a masked integer vector the transform never sees: use "
+                             "dp.mechanism = \"distributed\"")

@@ -286,5 +286,10 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             reply = Envelope(min(ys), Message(upload, tensors, meta={"num_examples": 1}))
             return self.server_aggregate(ctx, state, [reply])
 
+        def __reduce__(self):  # a class made here has no importable name: pickle how to make it again
+            from .central_steps import _remade
+
+            return _remade, (with_secagg, (cls, run), self.__dict__)
+
     Secure.__name__ = Secure.__qualname__ = f"SecAgg{cls.__name__}"
     return Secure

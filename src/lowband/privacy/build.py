@@ -1,0 +1,136 @@
+"""The privacy of a run, built from its ``[dp]`` and ``[secagg]`` sections: one named step of
+the driver's construction (:meth:`lowband.engine.simulator.Simulation._privacy`), never a
+branch in the round loop.
+
+:func:`build_privacy` returns a :class:`PrivacySetup`:
+
+- ``algorithm``: the algorithm class, wrapped as configured: central DP
+  (:func:`~lowband.privacy.central_steps.with_central_dp`, DP-FedAvg at the server) or
+  secure aggregation (:func:`~lowband.privacy.secagg_steps.with_secagg`, with the Skellam
+  mechanism inside it for distributed DP);
+- ``transform``: the sender-side transform of local DP (``clip(S)+gauss(z)``, before the
+  codec: :class:`~lowband.comm.network.CodecConfig`'s ``transform``), or ``""``;
+- ``track``: the epsilon of every round of central and distributed DP, planned before the
+  run starts (``dp.target_epsilon`` refuses a run whose schedule would exceed it:
+  :class:`~lowband.privacy.config.PrivacyRefused`, exit 2, nothing written);
+- ``local``: the local-DP track, fed by the releases each round's ledger shows.
+
+The run's :class:`~lowband.engine.observers.privacy.Privacy` observer writes the tracks into
+metrics.jsonl and summary.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from lowband.config.schema import DPConfig, Experiment, SecAggConfig
+
+from .accountant import EpsilonTrack, PrivacyBudgetError, SampledGaussian
+from .config import PrivacyRefused, run_sampling
+
+
+@dataclass
+class PrivacySetup:
+    """What a run's privacy changes (module docstring)."""
+
+    algorithm: type
+    transform: str = ""
+    track: Optional[EpsilonTrack] = None
+    local: Any = None  # LocalDPTrack
+    mechanism: str = "none"
+    secagg: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.mechanism != "none" or self.secagg
+
+
+def local_transform(dp: DPConfig) -> str:
+    """The sender-side transform spec of local DP: ``clip(S)+gauss(z)``."""
+    return f"clip({dp.clip!r})+gauss({dp.noise_multiplier!r})"
+
+
+def central_mechanism(dp: DPConfig, population: int, cohort: int, sampling: str) -> SampledGaussian:
+    """The per-round Gaussian release of DP-FedAvg under the run's sampling."""
+    return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling)
+
+
+def plan_central(dp: DPConfig, population: int, cohort: int, sampling: str, rounds: int) -> EpsilonTrack:
+    """Central DP's epsilon per round; :class:`PrivacyRefused` over ``dp.target_epsilon``."""
+    try:
+        return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling), rounds, dp.delta,
+                                 dp.accountant, dp.target_epsilon)
+    except PrivacyBudgetError as e:
+        raise PrivacyRefused(str(e)) from None
+
+
+def plan_distributed(dp: DPConfig, cohort: int, dims: int, rounds: int) -> tuple[Any, EpsilonTrack]:
+    """The Skellam mechanism and its epsilon per round; :class:`PrivacyRefused` over the target."""
+    from .distributed import Skellam, skellam_schedule
+
+    try:
+        sk = Skellam(clip=float(dp.clip), noise_multiplier=dp.noise_multiplier, bits=dp.bits, n=cohort, d=dims)
+    except ValueError as e:
+        raise PrivacyRefused(str(e).splitlines()[0]) from None
+    eps = skellam_schedule(sk, rounds, dp.delta)
+    target = dp.target_epsilon
+    if target is not None and eps and eps[-1] > target:
+        first = next(r for r, e in enumerate(eps, 1) if e > target)
+        raise PrivacyRefused(
+            f"dp.target_epsilon = {target:g} would be exceeded: {rounds} rounds of distributed DP (Skellam, noise "
+            f"multiplier {dp.noise_multiplier:g}, {dp.bits} bits, {cohort} clients a round) reach epsilon "
+            f"{eps[-1]:.3g} at delta {dp.delta:g}, over the target from round {first}; run at most {first - 1} "
+            f"rounds or raise dp.noise_multiplier")
+    return sk, EpsilonTrack(tuple(eps), float(dp.delta), "skellam-rdp", target)
+
+
+def secagg_run(sa: SecAggConfig, skellam: Any = None) -> Any:
+    """The SecAgg settings of a run (distributed DP: the ring is ``dp.bits`` wide)."""
+    from .secagg import SecAggParams
+    from .secagg_steps import SecAggRun
+
+    bits = skellam.bits if skellam is not None else sa.modulus_bits
+    try:
+        return SecAggRun(SecAggParams(modulus_bits=bits, degree=sa.degree, threshold=sa.threshold),
+                         clip_range=sa.clip_range, levels_bits=sa.levels_bits, skellam=skellam)
+    except ValueError as e:
+        raise PrivacyRefused(str(e).splitlines()[0]) from None
+
+
+def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: int, dims: int) -> PrivacySetup:
+    """The run's privacy (module docstring). ``population``: clients that may be sampled,
+    ``cohort``: clients a round, ``dims``: float coordinates of the model."""
+    dp, sa = exp.dp, exp.secagg
+    mech = dp.mechanism if dp is not None else "none"
+    secure = sa is not None and sa.enabled
+    out = PrivacySetup(algorithm, mechanism=mech, secagg=secure)
+    if mech == "central":
+        from .central import AdaptiveClip, DPFedAvg
+        from .central_steps import with_central_dp
+
+        assert dp is not None
+        out.track = plan_central(dp, population, cohort, run_sampling(exp), exp.rounds)
+        adaptive = (AdaptiveClip(dp.target_quantile, dp.clip_learning_rate, dp.clip or AdaptiveClip.initial_clip,
+                                 dp.bit_noise) if dp.adaptive_clip else None)
+        try:
+            rule = DPFedAvg(dp.clip, dp.noise_multiplier, expected_cohort=cohort, adaptive=adaptive)
+        except ValueError as e:
+            raise PrivacyRefused(str(e).splitlines()[0]) from None
+        out.algorithm = with_central_dp(algorithm, rule)
+    elif mech == "local":
+        from .transforms import LocalDPTrack
+
+        assert dp is not None
+        out.transform = local_transform(dp)
+        out.local = LocalDPTrack(dp.noise_multiplier, dp.delta, dp.accountant)
+    skellam = None
+    if mech == "distributed":
+        assert dp is not None
+        skellam, out.track = plan_distributed(dp, cohort, dims, exp.rounds)
+    if secure:
+        from .secagg_steps import with_secagg
+
+        assert sa is not None
+        out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam))
+    return out
