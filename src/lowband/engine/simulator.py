@@ -248,15 +248,9 @@ class Simulation:
         exp = self.exp
         if exp.dp is None and exp.secagg is None:
             return None
-        from lowband.privacy.build import build_privacy
+        from lowband.privacy.build import build_for_run
 
-        t = self.topology
-        cohort = int(getattr(t, "per_round", self.num_nodes))
-        if cohort < 1:  # a fixed schedule: its largest round
-            cohort = max(len(s) for s in t.schedule)
-        init = self.builder.init_params(0)
-        dims = sum(v.numel() for v in init.values() if v.is_floating_point())
-        setup = build_privacy(exp, type(self.alg), population=self.num_nodes, cohort=cohort, dims=dims)
+        setup = build_for_run(exp, type(self.alg), self.topology, self.num_nodes, self.builder.init_params(0))
         if setup.algorithm is not type(self.alg):
             alg = setup.algorithm(hyperparams(exp))
             alg.num_nodes, alg.scratch_root = self.alg.num_nodes, self.alg.scratch_root

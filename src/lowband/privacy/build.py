@@ -134,3 +134,13 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
         assert sa is not None
         out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam))
     return out
+
+
+def build_for_run(exp: Any, algorithm: type, topology: Any, population: int, init: dict) -> Any:
+    """:func:`build_privacy` for a run: the cohort is the topology's clients a round (a fixed
+    schedule: its largest round), the dimension the model's floating-point entries."""
+    cohort = int(getattr(topology, "per_round", population))
+    if cohort < 1:
+        cohort = max(len(s) for s in topology.schedule)
+    dims = sum(v.numel() for v in init.values() if v.is_floating_point())
+    return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims)
