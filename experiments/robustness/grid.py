@@ -104,7 +104,8 @@ def run_cell(a: Any, attack: str, defence: str, codec: str, params: Optional[dic
            "codec": codec, "fraction": a.fraction if attack != "none" else 0.0,
            "metrics": {k: v for k, v in last.items() if "acc" in k or k.startswith(("robust/", "rejected/"))},
            "bytes_total": last["bytes/total"], "bytes_up": last.get("bytes/up"), "cpu_s": round(cpu, 2),
-           "summary_attack": res.summary["attack"], "summary_aggregation": res.summary["aggregation"]}
+           "summary_attack": res.summary.get("attack", "none"),
+           "summary_aggregation": res.summary.get("aggregation", "none")}
     if store is not None:
         from lowband.results.record import write_record
         from lowband.results.store import Store
