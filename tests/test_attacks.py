@@ -158,7 +158,7 @@ def test_attacker_bytes_are_counted_and_the_summary_names_the_attack(tmp_path: P
     rc = clean.run()
     bad = _run(tmp_path, "b", "fedavg", "scaling")
     rb = bad.run()
-    assert rb.summary["attack"] == {"kind": "scaling", "nodes": [2], "scale": 20.0}
+    assert rb.summary["attack"] == {"kind": "scaling", "nodes": [2], "scale": 20.0, "on": "update"}
     # an unattacked, undefended run is unchanged (no robustness observer); the attacked one says "none" defended it
     assert "attack" not in rc.summary and rb.summary["aggregation"] == "none"
     # fp32: an attacked message weighs what the honest one does; node 2's uploads are in the ledger

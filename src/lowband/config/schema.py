@@ -280,6 +280,10 @@ class CommConfig(_Strict):
     #: above benign spread (no rejection in any algorithm's learning-tier run even at 10)
     #: and far below an exploding client's (lr = 1e6: ~1e20 x the median)
     norm_factor: Float = Field(100.0, allow_inf_nan=False)
+    #: bind every message to the (round, step) it was sent in (a stamp in its metadata, encoded and
+    #: counted); a receiver refuses one from another round or step as rejected/stale (a replay or a
+    #: re-ordering); off by default: the stamp costs a few bytes a message (lowband.comm.validate)
+    freshness: Bool = False
 
     @field_validator("norm_factor")
     @classmethod
