@@ -61,3 +61,16 @@ def test_a_fresh_run_learns_the_same(tmp_path: Path) -> None:
     a, b = runs[False].metrics[-1], runs[True].metrics[-1]
     assert a["global/acc"] == b["global/acc"] and not any(k.startswith("rejected/") for k in b)
     assert b["bytes/total"] > a["bytes/total"]
+
+
+def test_the_config_key_turns_freshness_on(tmp_path: Path) -> None:
+    from lowband.engine.simulator import Simulation
+
+    cfg = digits_config(tmp_path / "on", "fedavg", rounds=2)
+    cfg["comm"] = {**cfg.get("comm", {}), "freshness": True}
+    sim = Simulation(validate(cfg))
+    assert sim.network.validator.policy.freshness
+    on = sim.run().metrics[-1]
+    off = Simulation(validate(digits_config(tmp_path / "off", "fedavg", rounds=2))).run().metrics[-1]
+    assert on["global/acc"] == off["global/acc"] and not any(k.startswith("rejected/") for k in on)
+    assert on["bytes/total"] > off["bytes/total"]

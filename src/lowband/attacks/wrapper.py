@@ -55,7 +55,7 @@ class Attack:
     def describe(self) -> dict[str, Any]:
         """What the summary says of the attack."""
         params = {k: v for k, v in self.cfg.model_dump().items() if k not in ("kind", "nodes", "fraction")
-                  and k in ("scale", "sigma", "z", "epsilon", "gamma", "target", "poison_fraction")
+                  and k in ("scale", "on", "sigma", "z", "epsilon", "gamma", "target", "poison_fraction")
                   and k in _reads(self.kind)}
         if self.kind in ("sign_flip", "scaling"):
             params["scale"] = self.cfg.coefficient
@@ -106,7 +106,7 @@ class Attack:
                 out.items.append((dsts, msg))
                 continue
             ref = None
-            if msg.kind == "weights":
+            if msg.kind == "weights" and self.cfg.on == "update":
                 ref = server_model if server_model is not None else own
                 if ref is not None and _same(msg.tensors, ref):
                     ref = ctx.init_params()

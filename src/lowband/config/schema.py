@@ -51,7 +51,7 @@ def _fact(info: ValidationInfo, name: str) -> Any:
 # -- [faults.byzantine] (lowband.attacks) and [aggregation] (lowband.aggregation) ------------------
 #: kind -> the parameters it reads
 READS: dict[str, tuple[str, ...]] = {
-    "sign_flip": ("scale",), "scaling": ("scale",), "gaussian": ("sigma",), "label_flip": (),
+    "sign_flip": ("scale", "on"), "scaling": ("scale", "on"), "gaussian": ("sigma",), "label_flip": (),
     "alie": ("z",), "ipm": ("epsilon",), "model_replacement": ("gamma", "target", "poison_fraction"),
 }
 DEFAULT_SCALE = {"sign_flip": 1.0, "scaling": 20.0}
@@ -67,6 +67,9 @@ class ByzantineConfig(BaseModel):
     fraction: Optional[float] = Field(None, gt=0, lt=1, description="fraction of nodes attacking, drawn once "
                                                                        "from (seed, 'byzantine')")
     scale: Optional[float] = Field(None, description="sign_flip: -scale u (1); scaling: scale u (20)")
+    on: Literal["update", "message"] = Field("update", description="sign_flip / scaling: act on the update u "
+                                                                   "(message minus its reference) or on the whole "
+                                                                   "message (a model for weights uploads)")
     sigma: float = Field(200.0, gt=0, description="gaussian: the noise's standard deviation (Fang et al.: 200)")
     z: Optional[float] = Field(None, description="alie: z (unset: Baruch et al.'s z_max from n and f)")
     epsilon: float = Field(0.1, description="ipm: epsilon (Xie et al.: 0.1)")
@@ -86,7 +89,8 @@ class ByzantineConfig(BaseModel):
         for key in ("scale", "z", "gamma"):
             if getattr(self, key) is not None and key not in reads:
                 raise ValueError(f"{key} is not read by kind {self.kind!r} (it reads: {', '.join(reads) or 'nothing'})")
-        for key, default in (("sigma", 200.0), ("epsilon", 0.1), ("target", 0), ("poison_fraction", 0.5)):
+        for key, default in (("sigma", 200.0), ("epsilon", 0.1), ("target", 0), ("poison_fraction", 0.5),
+                             ("on", "update")):
             if getattr(self, key) != default and key not in reads:
                 raise ValueError(f"{key} is not read by kind {self.kind!r} (it reads: {', '.join(reads) or 'nothing'})")
         return self
@@ -276,6 +280,10 @@ class CommConfig(_Strict):
     #: above benign spread (no rejection in any algorithm's learning-tier run even at 10)
     #: and far below an exploding client's (lr = 1e6: ~1e20 x the median)
     norm_factor: Float = Field(100.0, allow_inf_nan=False)
+    #: bind every message to the (round, step) it was sent in (a stamp in its metadata, encoded and
+    #: counted); a receiver refuses one from another round or step as rejected/stale (a replay or a
+    #: re-ordering); off by default: the stamp costs a few bytes a message (lowband.comm.validate)
+    freshness: Bool = False
 
     @field_validator("norm_factor")
     @classmethod

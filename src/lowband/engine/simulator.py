@@ -261,7 +261,7 @@ class Simulation:
         exp, b = self.exp, self.builder
         with config_errors("comm"):
             policy = ValidationPolicy(on_invalid=exp.comm.on_invalid, norm_factor=exp.comm.norm_factor or None,
-                                      partial_kinds=frozenset(self.alg.partial_kinds))
+                                      partial_kinds=frozenset(self.alg.partial_kinds), freshness=exp.comm.freshness)
             return Network(
                 CodecConfig(default=exp.comm.codec, by_kind=dict(exp.comm.by_kind), by_direction=dict(exp.comm.by_direction),
                             transform=self.privacy.transform if self.privacy is not None else ""),

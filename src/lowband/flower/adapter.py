@@ -75,7 +75,7 @@ from lowband.config.resolve import validate
 from lowband.engine.evaluation import (
     _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
 )
-from lowband.comm.validate import Rejection
+from lowband.comm.validate import FRESH_KEY, Rejection, ValidationPolicy, Validator, freshness_problem
 from lowband.engine.observers import Faults
 from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
@@ -175,6 +175,12 @@ def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> 
     return step
 
 
+def _step_index(sim: Simulation, r: int, name: str) -> int:
+    """The position of step ``name`` among round ``r``'s steps: the step number the round
+    loop plays it as (the freshness stamp's step)."""
+    return [s.name for s in sim.alg.steps(r, _played_plan(sim, r))].index(name)
+
+
 def _played_plan(sim: Simulation, r: int) -> Any:
     """Round ``r``'s plan as the ServerApp's driver plays it: without the nodes ``[faults]``
     drop in that round (a function of (seed, round, node), the same on every side)."""
@@ -259,6 +265,16 @@ class _Client:
             raise ValueError(f"client {self.node} refuses the server's message ({e})") from None
         return msg
 
+    def _fresh(self, msg: LBMessage, r: int, k: int) -> LBMessage:
+        """With ``comm.freshness``: refuse a server message not stamped (round ``r``, step
+        ``k - 1``), the step before this one (a replayed or re-ordered message); drop the stamp."""
+        if self.exp.comm.freshness:
+            problem = freshness_problem(msg, r, k - 1 if k > 0 else None)
+            if problem is not None:
+                raise ValueError(f"client {self.node} refuses the server's message ({problem[0]}: {problem[1]})")
+            msg.meta.pop(FRESH_KEY, None)
+        return msg
+
     def _inbox(self, cfg: ConfigRecord) -> list[Envelope]:
         n_in = cfg.get("n-in")
         if type(n_in) is not int or not 0 <= n_in <= MAX_MESSAGES:
@@ -277,12 +293,15 @@ class _Client:
         r = checked_round(cfg.get("round"), 1, self.exp.rounds)
         step = _client_step(sim, node, r, cfg.get("step"), cfg.get("fn"))
         plan = _played_plan(sim, r)
-        inbox = self._inbox(cfg)
+        k = _step_index(sim, r, step.name)
+        inbox = [Envelope(e.src, self._fresh(e.msg, r, k)) for e in self._inbox(cfg)]
         ex = sim.executor
         ex.states = {node: self.load_state()}
         out = ex.run_step(Step(step.name, [node], step.fn), r, plan, {node: inbox})[node]
         self.save_state(ex.states[node])
-        net = Network(sim.network.codecs, Ledger(), self.exp.seed)
+        net = Network(sim.network.codecs, Ledger(), self.exp.seed,
+                      validator=Validator(ValidationPolicy(freshness=True)) if self.exp.comm.freshness else None)
+        net.step_tag = (r, k)  # the stamp (comm.freshness): this round, this step
         transfers = encode_outbox(net, r, node, out)
         for t in transfers:
             if t.dsts != (SERVER,):
@@ -387,6 +406,7 @@ class FlowerBackend:
     def __init__(self, sim: Simulation, grid: Grid, timeout: float = 3600.0):
         self.sim, self.grid, self.timeout = sim, grid, timeout
         self.places = self  # what the round loop plays a step on
+        self._k = 0  # the step being played (its number in the round)
         self.net = sim.network  # the ServerApp's ledger is the run's ledger
         self.node_ids: dict[int, int] = {}
         self.budget: ReplyBudget = budget_for(sim)
@@ -441,6 +461,11 @@ class FlowerBackend:
     def _receive(self, data: Any, c: int) -> LBMessage:
         """One message of client ``c``'s reply, decoded and checked (raises Rejected)."""
         msg = decode_reply(data, self.budget, lambda kind: self.net.codec_for(kind, "up").spec)
+        if self.sim.exp.comm.freshness:  # sent in this very step of this round, or a replay
+            problem = freshness_problem(msg, *self.net.step_tag)
+            if problem is not None:
+                raise Rejected(*problem)
+            msg.meta.pop(FRESH_KEY, None)
         check_upload(msg, kinds=self.kinds, expected=self._expected_shapes(c), max_examples=self.n_train[c])
         return msg
 
@@ -525,6 +550,8 @@ class FlowerBackend:
             self._server_inbox, self._client_inbox, self._sent = [], {}, {}
         self._refusals = []
         r = round
+        self._k = 0 if first else self._k + 1
+        self.net.step_tag = (int(r), self._k)  # the server's stamps (comm.freshness), as the round loop's
         actors = [int(a) for a in step.actors]
         clients = [a for a in actors if a != SERVER]
         server_out = self._server_step(step, r, plan, self._server_inbox) if SERVER in actors else None

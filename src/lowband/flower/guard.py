@@ -26,6 +26,9 @@ Reasons (the simulator's names where it has them):
 - ``metrics``: evaluation numbers out of range (accuracy outside [0, 1], a negative or
   non-finite loss, a test count above the client's test split, a missing key);
 - ``error``: the client reported an error; ``missing``: no reply before the timeout.
+- ``stale`` (``comm.freshness``): a message not stamped with the round and step the
+  server asked for (:func:`lowband.comm.validate.freshness_problem`): a reply replayed
+  from an earlier round or step.
 
 The shared mechanisms are used, not repeated: :func:`decode_reply` decodes with the wire
 decoder's :class:`~lowband.comm.wire.DecodeBudget` (sizes checked against the bytes present
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 REASONS: tuple[str, ...] = ("wire", "kind", "sender", "duplicate", "nonfinite", "shape", "dtype", "num_examples",
-                            "meta", "metrics", "error", "missing")
+                            "meta", "metrics", "error", "missing", "stale")
 
 UPLOAD_KINDS: frozenset[str] = frozenset({"weights", "delta", "control_delta", "packs", "dbe_mean", "logits"})
 """Lowband message kinds a server-family client sends up (every built-in algorithm's;
