@@ -54,6 +54,37 @@ def test_record_holds_the_runs_metrics_ledger_commits_and_time(tmp_path: Path) -
     assert len(rec.header["fingerprint"]) == 12
 
 
+def test_every_run_writes_its_record_beside_its_metrics(tmp_path: Path) -> None:
+    """The run itself writes record.jsonl (the RecordWriter observer, last of the defaults):
+    nobody calls write_record, and the record equals the one built from the finished folder."""
+    from lowband.engine.observers import RecordWriter
+
+    rd = _run(tmp_path)
+    rec = read_record(rd / "record.jsonl")
+    assert rec.metrics == [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert rec.header["summary"] == json.loads((rd / "summary.json").read_text())
+    again = recmod.build_record(rd)  # from the files written after the observer's last hook
+    assert rec.rounds == again[1:] and rec.header["summary"] == again[0]["summary"]
+    cfg = digits_config(tmp_path / "x", "fedavg", rounds=1)
+    sim = Simulation(validate(cfg))
+    assert isinstance(sim.observers[-1], RecordWriter)
+    sim.observers.pop()  # without the observer, no record: the test above is the observer's
+    sim.run()
+    assert not (Path(cfg["out_dir"]) / "record.jsonl").exists()
+
+
+def test_a_stopped_run_keeps_a_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lowband.engine.observers import record as obsrec
+
+    monkeypatch.setattr(obsrec, "PARTIAL_EVERY_S", 0.0)
+    cfg = digits_config(tmp_path, "fedavg", rounds=3)
+    sim = Simulation(validate(cfg))
+    sim.observers[-1].on_run_end = lambda run, summary: None  # the run "stops" before its end
+    sim.run()
+    rec = read_record(Path(cfg["out_dir"]) / "record.jsonl")
+    assert [m["round"] for m in rec.metrics][-1] == 2 and rec.header["summary"] == {}
+
+
 def test_fingerprint_ignores_seed_and_rounds_but_not_the_method(tmp_path: Path) -> None:
     a = read_record(write_record(_run(tmp_path / "a", rounds=1)))
     b = read_record(write_record(_run(tmp_path / "b", rounds=2, seed=5)))

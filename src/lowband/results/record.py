@@ -102,10 +102,27 @@ def _ledger_rounds(path: Path) -> dict[int, dict[str, list[int]]]:
     return out
 
 
-def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "run") -> list[dict[str, Any]]:
+def ledger_rounds(ledger: Any) -> dict[int, dict[str, list[int]]]:
+    """:func:`_ledger_rounds` of a ledger in memory (what ledger.csv will hold)."""
+    from lowband.ledgerfile import ledger_columns
+
+    c = ledger_columns(ledger)
+    out: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    for r, di, k, b, de in zip(*(c[x].tolist() for x in ("round", "direction", "kind", "bytes", "declared"))):
+        tot = out[int(r)].setdefault(f"{di}/{k}", [0, 0])
+        tot[0] += int(b)
+        tot[1] += int(de)
+    return out
+
+
+def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "run",
+                 ledger: Optional[dict[int, dict[str, list[int]]]] = None,
+                 summary: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     """The record of ``run_dir`` as a list of JSON objects (header first). ``machine_of``:
     ``"run"`` when the process that made the run writes it (the machine is the run's), else
-    ``"import"`` (the machine is the importer's; the run's own is not known)."""
+    ``"import"`` (the machine is the importer's; the run's own is not known). ``ledger``
+    (:func:`ledger_rounds`) and ``summary``: what the run holds in memory and has not written
+    yet (a run's own record, written before ledger.csv and summary.json), instead of the files."""
     import tomllib
 
     from lowband.version import __version__
@@ -120,10 +137,10 @@ def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "ru
     hyper = saved_hyperparams(rd)
     metrics = {int(m["round"]): m for m in RunLog.read_jsonl(rd / "metrics.jsonl")}
     timing = {int(t["round"]): t for t in RunLog.read_jsonl(rd / "timing.jsonl")}
-    ledger = _ledger_rounds(rd / "ledger.csv")
-    summary: dict[str, Any] = {}
-    if (rd / "summary.json").is_file():
-        summary = json.loads((rd / "summary.json").read_text())
+    if ledger is None:
+        ledger = _ledger_rounds(rd / "ledger.csv")
+    if summary is None:
+        summary = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").is_file() else {}
     rounds = []
     for r in sorted(set(metrics) | set(timing) | set(ledger)):
         t = timing.get(r, {})
@@ -173,11 +190,12 @@ def save(lines: list[dict[str, Any]], path: Path) -> Path:
     return final
 
 
-def write_record(run_dir: Path | str, *, machine_of: str = "run") -> Path:
-    """Build ``run_dir``'s record from its files and write it there as ``record.jsonl``
-    (or ``record.jsonl.gz``); returns the path. The one call a run makes at its end (and
-    after each round, for a partial record): ``write_record(run_dir)``."""
-    return save(build_record(Path(run_dir), machine_of=machine_of), Path(run_dir) / RECORD_NAME)
+def write_record(run_dir: Path | str, *, machine_of: str = "run", **state: Any) -> Path:
+    """Build ``run_dir``'s record from its files (and ``state``: the ``ledger`` and ``summary``
+    of :func:`build_record`) and write it there as ``record.jsonl`` (or ``record.jsonl.gz``);
+    returns the path. What every run does at its end and, for a partial record, now and then
+    after a checkpoint (:class:`lowband.engine.observers.record.RecordWriter`)."""
+    return save(build_record(Path(run_dir), machine_of=machine_of, **state), Path(run_dir) / RECORD_NAME)
 
 
 @dataclass
