@@ -73,6 +73,24 @@ def test_every_run_writes_its_record_beside_its_metrics(tmp_path: Path) -> None:
     assert not (Path(cfg["out_dir"]) / "record.jsonl").exists()
 
 
+def test_a_flower_run_writes_its_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower is a backend of the same driver: its run folder has the same record."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs the extra: pip install 'lowband[flower]'")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    import test_flower as tf
+    from lowband.flower import FlowerRun, client_app
+
+    for attr, v in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, v)
+    exp = validate(tf._cnn_config(tmp_path, "flower", "fedavg"))
+    FlowerRun(exp, tf.InProcessGrid(client_app(exp), 6)).run()
+    rd = tmp_path / "flower"
+    rec = read_record(rd / "record.jsonl")
+    assert rec.metrics == [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert rec.rounds == recmod.build_record(rd)[1:]
+
+
 def test_a_stopped_run_keeps_a_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lowband.engine.observers import record as obsrec
 
