@@ -16,7 +16,7 @@ from conftest import digits_config
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
 from lowband.reproduce.cells import load_cells
-from lowband.reproduce.table import table_markdown
+from lowband.results.table import table_markdown
 from lowband.results import record as recmod
 from lowband.results.pages import unsourced
 from lowband.results.record import code_commit, read_record, write_record

@@ -15,7 +15,7 @@ from lowband.engine.runlog import atomic_write_text
 from lowband.reproduce.cells import _overrides, load_cells, locate, run_plan, seed_overrides, select, with_seeds
 from lowband.reproduce.dryrun import dry_run
 from lowband.reproduce.plan import run_config
-from lowband.reproduce.table import Tabulator, table_markdown
+from lowband.results.table import Tabulator, table_markdown
 from lowband.results.store import Store, default_root
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, get_args
 
 from lowband.reproduce.plan import Action, Planned, run_action, run_name
-from lowband.reproduce.rundata import RunData, on_cpu
+from lowband.results.rundata import RunData, on_cpu
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def rounds_to_go(plan: Planned) -> int:
 
 def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
     """What ``plan`` still costs (:class:`Estimate`), timed on the store's records of its
-    config (``runs``: seed -> run, see :func:`lowband.reproduce.table.store_runs`), counting
+    config (``runs``: seed -> run, see :func:`lowband.results.table.store_runs`), counting
     only runs made on the kind of device ``plan`` runs on: a GPU's rounds say nothing of a
     core's."""
     gpu = not on_cpu(plan.exp.device)

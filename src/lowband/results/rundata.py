@@ -10,8 +10,24 @@ from typing import Any, Optional
 
 from lowband.engine.checks import ChanceWatch, DecayWatch
 from lowband.engine.runlog import rounds_to_target
-from lowband.reproduce.cells import Cell
 from lowband.results.record import Record
+
+UNITS = ("%", "GB", "MB", "rounds", "s", "")
+
+
+@dataclass
+class Cell:
+    id: str
+    table: str
+    config: str
+    metric: str
+    paper: Any = None
+    paper_unit: Optional[str] = None
+    row: str = ""
+    round: Optional[int] = None
+    reference: Optional[str] = None
+    #: seeds to run (None: the config's own seed only); the table shows every seed found
+    seeds: Optional[list[int]] = None
 
 
 def on_cpu(device: str) -> bool:

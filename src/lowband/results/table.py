@@ -18,8 +18,7 @@ from typing import Optional
 from lowband.config.schema import ConfigError
 from lowband.config.resolve import load_experiment
 from lowband.engine.checks import CHANCE_MARGIN, DECAY_DROP, DECAY_WINDOW
-from lowband.reproduce.cells import Cell
-from lowband.reproduce.rundata import RunData, number_text, run_of_record, value
+from lowband.results.rundata import Cell, RunData, number_text, run_of_record, value
 from lowband.results.record import Record
 from lowband.results.store import Imported, Store
 
