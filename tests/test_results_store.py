@@ -18,7 +18,7 @@ from lowband.engine.simulator import Simulation
 from lowband.reproduce.cells import load_cells
 from lowband.results.table import table_markdown
 from lowband.results import record as recmod
-from lowband.results.pages import unsourced
+from lowband.results.pages import derived_numbers, imported_numbers, misderived, unsourced
 from lowband.results.record import code_commit, read_record, write_record
 from lowband.results.store import Store
 
@@ -162,6 +162,29 @@ def test_every_published_cell_value_is_in_the_store() -> None:
 @pytest.mark.parametrize("page", sorted(p.name for p in RESULTS.glob("*.md") if not p.name.endswith("_table.md")))
 def test_every_number_quoted_in_a_results_page_is_in_the_store(page: str) -> None:
     assert unsourced(RESULTS, page) == []
+    assert misderived(RESULTS, page) == []  # each derived number recomputed from its record
+
+
+def test_natural_pages_numbers_are_derived_from_its_measured_records() -> None:
+    """natural.md's 20-round numbers are recomputed from the committed records, and kept apart
+    from the imported numbers of the runs whose folders are gone."""
+    derived = {n for n, _ in derived_numbers(RESULTS, "natural.md")}
+    assert {"19.35", "3.13", "8.25", "23.2", "654.4", "13.2", "2.0", "19.40"} <= derived
+    assert not derived & imported_numbers(RESULTS, "natural.md")
+
+
+def test_editing_a_record_or_a_page_number_breaks_the_prose_check(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    assert misderived(results, "natural.md") == [] and unsourced(results, "natural.md") == []
+    rec = results / "records" / "natural" / "shakespeare_fedadam" / "seed-0.jsonl"
+    rec.write_text(rec.read_text().replace('"global/acc": 0.1940000057220459', '"global/acc": 0.1950000057220459'))
+    assert any("19.40 is 100 * a = 19.50" in x for x in misderived(results, "natural.md"))
+    shutil.copy(RESULTS / "records" / "natural" / "shakespeare_fedadam" / "seed-0.jsonl", rec)
+    page = results / "natural.md"
+    page.write_text(page.read_text().replace("and FedAdam 19.40%", "and FedAdam 19.45%"))
+    assert unsourced(results, "natural.md") == ["19.45"]
+    assert any("does not quote it" in x for x in misderived(results, "natural.md"))
 
 
 def _toy_paper(tmp_path: Path) -> tuple[Path, Path]:

@@ -41,15 +41,15 @@ def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
     core's."""
     gpu = not on_cpu(plan.exp.device)
     timed = [d for d in runs.values() if d.timing and d.on_cpu != gpu]
-    if timed:
-        per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
-        seeds = sorted(d.seed for d in timed)
-        note = f"timed on the record{'s' if len(seeds) > 1 else ''} of seed{'s' if len(seeds) > 1 else ''} " \
-               f"{', '.join(str(s) for s in seeds)}"
-        return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
-    if any(d.timing for d in runs.values()):
-        return Estimate(None, gpu, f"this config is recorded only on {'the CPU' if gpu else 'a GPU'}")
-    return Estimate(None, gpu, "no record of this config in the store")
+    if not timed:
+        other = any(d.timing for d in runs.values())
+        return Estimate(None, gpu, f"this config is recorded only on {'the CPU' if gpu else 'a GPU'}" if other
+                        else "no record of this config in the store")
+    per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
+    seeds = sorted(d.seed for d in timed)
+    many = "s" if len(seeds) > 1 else ""
+    note = f"timed on the record{many} of seed{many} {', '.join(str(s) for s in seeds)}"
+    return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
 
 
 def _hours(h: float) -> str:

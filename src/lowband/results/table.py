@@ -119,34 +119,41 @@ def _rounds_text(cell: Cell, runs: list[RunData]) -> str:
     return text + (f" (at {cell.round})" if cell.round is not None else "")
 
 
+def _seed_value(cell: Cell, d: RunData, ref: Optional[RunData], furthest: int) -> tuple[Optional[float], str]:
+    """One seed's (number, text); a seed behind the others at a final cell has none."""
+    if cell.round is None and d.rounds_done < furthest:
+        return None, f"behind (round {d.rounds_done} of {furthest})"
+    return value(cell, d, ref)
+
+
+def _mean_text(cell: Cell, nums: list[float], texts: list[str]) -> str:
+    """``mean ± std (n=k[ of N])`` with the count of seeds marked unlearned or at chance."""
+    from lowband.batch import stats
+
+    st = stats(nums)
+    ours = number_text(cell, st["mean"], mean=True)
+    ours += f" ± {number_text(cell, st['std'], mean=True)}" if st["std"] is not None else ""
+    ours += f" (n={len(nums)}" + (f" of {len(texts)})" if len(nums) < len(texts) else ")")
+    for word in ("unlearned", "at chance"):
+        n = sum(word in t for t in texts)
+        ours += f" ({n} of {len(texts)} {word})" if n else ""
+    return ours
+
+
 def seeds_value(cell: Cell, runs: dict[int, RunData], refs: dict[int, RunData]) -> tuple[str, list[str]]:
     """(*ours*, per-seed texts) of ``cell`` over its config's seed ``runs``: the one run's
     text for a single seed, else ``mean ± std (n=k)`` over the seeds with a number (``of N``
     when some have none, e.g. a target not reached); ``refs`` are the reference's runs
     (paired by seed, else its first). A cell read at the run's end pools only the seeds that
     got furthest: a seed still under way is "behind"."""
-    from lowband.batch import stats
-
     furthest = max(d.rounds_done for d in runs.values())
-    per = []
-    for s, d in runs.items():
-        if cell.round is None and d.rounds_done < furthest:
-            per.append((s, None, f"behind (round {d.rounds_done} of {furthest})"))
-        else:
-            per.append((s, *value(cell, d, refs.get(s) or next(iter(refs.values()), None))))
-    texts = [f"{s}: {t or '-'}" for s, _, t in per]
-    nums = [v for _, v, _ in per if v is not None]
+    per = {s: _seed_value(cell, d, refs.get(s) or next(iter(refs.values()), None), furthest) for s, d in runs.items()}
+    texts = [f"{s}: {t or '-'}" for s, (_, t) in per.items()]
+    nums = [v for v, _ in per.values() if v is not None]
     if len(per) == 1 or not nums:
-        distinct = list(dict.fromkeys(t for _, _, t in per if not t.startswith("behind")))
+        distinct = list(dict.fromkeys(t for _, t in per.values() if not t.startswith("behind")))
         return (distinct[0] if len(distinct) == 1 else "; ".join(t or "-" for t in distinct)), texts
-    st = stats(nums)
-    ours = number_text(cell, st["mean"], mean=True)
-    ours += f" ± {number_text(cell, st['std'], mean=True)}" if st["std"] is not None else ""
-    ours += f" (n={len(nums)}" + (f" of {len(per)})" if len(nums) < len(per) else ")")
-    for mark, word in (("unlearned", "unlearned"), ("at chance", "at chance")):
-        n = sum(mark in (t or "") for _, _, t in per)
-        ours += f" ({n} of {len(per)} {word})" if n else ""
-    return ours, texts
+    return _mean_text(cell, nums, [t or "" for _, t in per.values()]), texts
 
 
 def _hours_text(runs: dict[int, RunData]) -> str:
@@ -156,6 +163,13 @@ def _hours_text(runs: dict[int, RunData]) -> str:
     return (f"{cpu_h:.3g} CPU-h"
             + (f"; {sum(d.gpu_hours for d in gpu):.3g} GPU-h on a GPU" if gpu else "")
             + (f"; {untimed} rounds untimed, not counted" if untimed else ""))
+
+
+def _stale(config: str, recs: dict[int, Record], tab: Tabulator) -> list[int]:
+    """The seeds whose record was made by another config than today's (a run's thread count
+    is its own, float sums may differ by it: the record says it, the table does not flag it)."""
+    return sorted(s for s, r in recs.items() if r.header.get("fingerprint") != tab.fingerprint(
+        config, [f"threads={r.header['threads']}"] if r.header.get("threads") else []))
 
 
 def measured_row(cell: Cell, tab: Tabulator) -> Optional[Row]:
@@ -170,9 +184,7 @@ def measured_row(cell: Cell, tab: Tabulator) -> Optional[Row]:
     recs = tab.records(cell.config)
     run = (f"record `{tab.store.key(cell.config)}` {_seed_list(list(runs))} ({_hours_text(runs)}; "
            f"{commits_text(recs)})")
-    # a run's thread count is its own (float sums may differ by it): the record says it, the table does not flag it
-    stale = sorted(s for s, r in recs.items() if r.header.get("fingerprint") != tab.fingerprint(
-        cell.config, [f"threads={r.header['threads']}"] if r.header.get("threads") else []))
+    stale = _stale(cell.config, recs, tab)
     if stale:
         run += f" (made by another config than today's: {_seed_list(stale)})"
     imp = tab.imported.get(cell.id)
@@ -217,16 +229,22 @@ def compute_line(cells: list[Cell], tab: Tabulator) -> str:
             f"{len(configs)} configs (the records' per-round CPU time: its process and the engine's workers)")
     gpu = [d for d in runs if not d.on_cpu]
     line += f"; {len(gpu)} runs on a GPU add {sum(d.gpu_hours for d in gpu):.3g} GPU-hours." if gpu else "."
+    return line + _imported_hours(cells, tab)
+
+
+def _imported_hours(cells: list[Cell], tab: Tabulator) -> str:
+    """The CPU-hours the earlier pages recorded for the imported values shown (each run
+    folder once), or "" when none is shown."""
     shown = {c.id for c in cells if measured_row(c, tab) is None} & set(tab.imported)
     folders: dict[str, Optional[float]] = {}
     for cid in sorted(shown):
         imp = tab.imported[cid]
         folders.setdefault(imp.run.split("`")[1] if "`" in imp.run else cid, imp.cpu_h)
-    if folders:
-        known = [h for h in folders.values() if h is not None]
-        line += (f" The imported values add {sum(known):.3g} CPU-hours as their page recorded them, for "
-                 f"{len(known)} of their {len(folders)} runs.")
-    return line
+    if not folders:
+        return ""
+    known = [h for h in folders.values() if h is not None]
+    return (f" The imported values add {sum(known):.3g} CPU-hours as their page recorded them, for "
+            f"{len(known)} of their {len(folders)} runs.")
 
 
 def header_lines(paper: str, tab: Tabulator) -> list[str]:
