@@ -91,13 +91,13 @@ def test_a_flower_run_writes_its_record(tmp_path: Path, monkeypatch: pytest.Monk
     assert rec.rounds == recmod.build_record(rd)[1:]
 
 
-def test_a_stopped_run_keeps_a_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_cut_short_keeps_a_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lowband.engine.observers import record as obsrec
 
     monkeypatch.setattr(obsrec, "PARTIAL_EVERY_S", 0.0)
     cfg = digits_config(tmp_path, "fedavg", rounds=3)
     sim = Simulation(validate(cfg))
-    sim.observers[-1].on_run_end = lambda run, summary: None  # the run "stops" before its end
+    sim.observers[-1].on_run_end = lambda run, summary: None  # the run ends before its last hook
     sim.run()
     rec = read_record(Path(cfg["out_dir"]) / "record.jsonl")
     assert [m["round"] for m in rec.metrics][-1] == 2 and rec.header["summary"] == {}

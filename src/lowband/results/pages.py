@@ -59,11 +59,12 @@ def derived_numbers(results: Path, page: str) -> list[tuple[str, dict[str, Any]]
     return [(x["number"], x["derived"]) for x in _lines(results, page) if "derived" in x]
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.Pow: operator.pow}
 
 
 def _eval(node: ast.AST, names: dict[str, float]) -> float:
-    """``node`` of an arithmetic expression over ``names`` (+ - * /, numbers, parentheses)."""
+    """``node`` of an arithmetic expression over ``names`` (+ - * / **, numbers, parentheses)."""
     if isinstance(node, ast.Expression):
         return _eval(node.body, names)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:

@@ -4,7 +4,7 @@ Flower's).
 
 At the run's end the record is built from the folder's files and the ledger and summary the
 run holds in memory (ledger.csv and summary.json are written after the observers' last hook),
-so it holds every round. A run that stops early keeps a partial record: after a checkpoint
+so it holds every round. A run cut short keeps a partial record: after a checkpoint
 round, at most once a :data:`PARTIAL_EVERY_S` seconds, the record of the rounds done so far is
 written again. The observer only reads the run and writes its own file: metrics.jsonl,
 ledger.csv and summary.json are the same with or without it."""
