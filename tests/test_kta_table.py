@@ -49,3 +49,14 @@ def test_a_changed_record_changes_the_page_and_a_measured_one_is_named(tmp_path:
     assert "| T = 10 | 10/10 | 43.21 |" in page and "40.79 /\n  43.21;" in page  # the row and the reading
     assert "measured: `cifar10_simplecnn_kta_T10_s0`" in page
     assert "| lambda = 0.9 | not run |" in page
+
+
+def test_imported_records_are_not_taken_for_measured_ones() -> None:
+    """The generic table (`lowband reproduce kta`) and --verify read measured records only:
+    the imported KTA records are shown as imported by write_table.py, never as measured."""
+    from lowband.results.store import Store
+
+    store = Store(STORE, "kta")
+    cfg = "experiments/kta/cifar10_simplecnn_kta_s0.toml"
+    assert store.records(cfg) == {}
+    assert store.records(cfg, imported=True)[0].kind == "imported"

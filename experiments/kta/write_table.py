@@ -48,7 +48,7 @@ class Runs:
 
     def record(self, name: str) -> Optional[Record]:
         if name not in self.seen:
-            recs = self.store.records(f"{name}.toml")  # (the stem of the config file)
+            recs = self.store.records(f"{name}.toml", imported=True)  # (the stem of the config file)
             self.seen[name] = recs[min(recs)] if recs else None
         return self.seen[name]
 
