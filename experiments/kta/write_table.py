@@ -171,20 +171,9 @@ def reading(runs: Runs) -> list[str]:
         "  defaults sit at the top of both ranges.", ""]
 
 
-def render(store: Path) -> str:
-    """The page, from the store's records and today's configs only."""
-    load = Runs(store)
-    L: list[str] = [
-        "# KTA v2 and FedMD: lowband vs the summary", "",
-        "Rendered by `python experiments/kta/write_table.py` from the records in [`records/kta/`](records/kta/) "
-        "(nothing else: the same records render the same page). Accuracies in %; `node_global` = each client's model on the global CIFAR-10 test set, "
-        "mean over clients; `personal` = each client's model on its own local test split (sample-weighted); "
-        "FedAvg/FedProx `global` = the global model on the test set. Bytes are the ledger's encoded bytes "
-        "(wire headers included), 1 MB = 10^6 bytes. *rounds* = rounds done / planned.", "",
-        "@PROVENANCE@", "", COMPUTE, "",
-    ]
-
-    # ---------------------------------------------------------------- headline
+def _headline(load: Runs) -> list[str]:
+    """The headline setting: KTA v2 against local-only, FedAvg and FedProx, and the traffic ratio."""
+    L: list[str] = []
     L += ["## CIFAR-10, SimpleCNN, Dirichlet 0.5, 10 clients, 10 rounds", "",
           "| run | rounds | node_global | personal | global | up MB | down MB | total MB | summary |",
           "|---|---|---|---|---|---|---|---|---|"]
@@ -205,8 +194,12 @@ def render(store: Path) -> str:
         L += [f"Traffic ratio FedAvg : KTA v2 over the same {kta[-1]['round']} rounds (same partition): "
               f"**one-way** (KTA upload vs FedAvg up+down) {ft / ku:,.1f}x (1/{ft / ku:,.0f}); "
               f"**like-for-like** (both directions) {ft / kt:,.1f}x (1/{ft / kt:,.1f}).", ""]
+    return L
 
-    # ---------------------------------------------------------------- seeds and uniform ablation
+
+def _seeds(load: Runs) -> list[str]:
+    """Uniform weights against full KTA, per seed, and their statistics."""
+    L: list[str] = []
     L += ["## Similarity weighting (next check 1): uniform weights vs full KTA, per seed", "",
           "| seed | KTA v2 | uniform weights | drop (KTA - uniform) | local-only | KTA personal | uniform personal |",
           "|---|---|---|---|---|---|---|"]
@@ -232,8 +225,12 @@ def render(store: Path) -> str:
           f"- Drop of uniform weights vs full KTA (node_global, paired by seed): {mean_sd(drops)} points "
           f"(summary's reading: < 2 points = little benefit, > 5 = mechanism confirmed).",
           f"- Same on personal accuracy: {load.derived('drop/personal', mean_sd(pdrops), *seeds)}.", ""]
+    return L
 
-    # ---------------------------------------------------------------- FedMD and global teacher
+
+def _fedmd(load: Runs) -> list[str]:
+    """FedMD and the global teacher, with their per-round curves."""
+    L: list[str] = []
     L += ["## FedMD and the global teacher (summary: FedMD collapses to 38%)", "",
           "| run | rounds | node_global | personal | teacher entropy (last) | teacher acc on D_ref (last) |",
           "|---|---|---|---|---|---|"]
@@ -264,8 +261,12 @@ def render(store: Path) -> str:
                          f"{pct(rec.get('node_global/acc'))}")
         L.append(f"| {r} | " + " | ".join(cells) + " |")
     L.append("")
+    return L
 
-    # ---------------------------------------------------------------- other ablations
+
+def _ablations(load: Runs) -> list[str]:
+    """The other ablations (seed 0) and their reading."""
+    L: list[str] = []
     L += ["## Other ablations (seed 0; compare with KTA v2 seed 0 above)", "",
           ABLATIONS, "",
           "| ablation | rounds | node_global | personal | teacher acc | summary's question |", "|---|---|---|---|---|---|"]
@@ -288,8 +289,12 @@ def render(store: Path) -> str:
         L.append(f"| {label} | {rounds_of(m, name)} | {pct(last(m, 'node_global/acc'))} | "
                  f"{pct(last(m, 'personal/acc_weighted'))} | {pct(last(m, 'alg/teacher_acc'))} | {q} |")
     L += ["", ""] + reading(load)
+    return L
 
-    # ---------------------------------------------------------------- AG News
+
+def _agnews(load: Runs) -> list[str]:
+    """AG News and its traffic ratio."""
+    L: list[str] = []
     L += ["## AG News (test.csv only: 6,000 train / 1,600 test), text_bag, Dirichlet 0.5, 10 clients", "",
           "| run | rounds | node_global | personal | global | total MB | summary |", "|---|---|---|---|---|---|---|"]
     for label, name, paper in (("KTA v2", "agnews_textbag_kta_s0", "89.3% (full AG News)"),
@@ -308,8 +313,12 @@ def render(store: Path) -> str:
               f"{one_way}x; like-for-like "
               f"{last(fa2, 'bytes/total') / last(ka, 'bytes/total'):,.0f}x."]
     L.append("")
+    return L
 
-    # ---------------------------------------------------------------- ResNet-18
+
+def _resnet(load: Runs) -> list[str]:
+    """ResNet-18's traffic from the ledger and the reduced run."""
+    L: list[str] = []
     L += ["## ResNet-18 on CIFAR-10: traffic from the ledger (summary: about 1/1100) and a reduced run", ""]
     r_k, r_f = load("cifar10_resnet18_kta_reduced_s0"), load("cifar10_resnet18_fedavg_reduced_s0")
     s_k = load("cifar10_simplecnn_kta_s0")
@@ -328,6 +337,23 @@ def render(store: Path) -> str:
     L += ["", f"Reduced ResNet-18 KTA run: {rounds_of(r_k, 'cifar10_resnet18_kta_reduced_s0')} rounds, "
           f"personal accuracy {pct(last(r_k, 'personal/acc_weighted'))}% (10 clients x about 100 images, "
           "N_ref = 200, E = E_d = 1; the summary's 57.7% is a full run, not comparable).", ""]
+    return L
+
+
+def render(store: Path) -> str:
+    """The page, from the store's records and today's configs only."""
+    load = Runs(store)
+    L: list[str] = [
+        "# KTA v2 and FedMD: lowband vs the summary", "",
+        "Rendered by `python experiments/kta/write_table.py` from the records in [`records/kta/`](records/kta/) "
+        "(nothing else: the same records render the same page). Accuracies in %; `node_global` = each client's model on the global CIFAR-10 test set, "
+        "mean over clients; `personal` = each client's model on its own local test split (sample-weighted); "
+        "FedAvg/FedProx `global` = the global model on the test set. Bytes are the ledger's encoded bytes "
+        "(wire headers included), 1 MB = 10^6 bytes. *rounds* = rounds done / planned.", "",
+        "@PROVENANCE@", "", COMPUTE, "",
+    ]
+    for section in (_headline, _seeds, _fedmd, _ablations, _agnews, _resnet):
+        L += section(load)
     L[L.index("@PROVENANCE@")] = provenance_line(load)
     return "\n".join(L) + "\n"
 
