@@ -115,6 +115,22 @@ def ledger_rounds(ledger: Any) -> dict[int, dict[str, list[int]]]:
     return out
 
 
+def _round_lines(metrics: dict[int, dict], timing: dict[int, dict],
+                 ledger: dict[int, dict[str, list[int]]]) -> list[dict[str, Any]]:
+    """One line per round that logged anything: its commit, metrics, ledger totals, timing."""
+    rounds = []
+    for r in sorted(set(metrics) | set(timing) | set(ledger)):
+        t = timing.get(r, {})
+        line: dict[str, Any] = {"round": r, "commit": t.get("commit")}
+        if r in metrics:
+            line["metrics"] = {k: v for k, v in metrics[r].items() if k != "round"}
+        if ledger.get(r):
+            line["ledger"] = dict(sorted(ledger[r].items()))
+        line.update({k: t[k] for k in ("cpu_s", "round_s", "eval_s", "workers") if k in t})
+        rounds.append(line)
+    return rounds
+
+
 def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "run",
                  ledger: Optional[dict[int, dict[str, list[int]]]] = None,
                  summary: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
@@ -141,16 +157,7 @@ def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "ru
         ledger = _ledger_rounds(rd / "ledger.csv")
     if summary is None:
         summary = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").is_file() else {}
-    rounds = []
-    for r in sorted(set(metrics) | set(timing) | set(ledger)):
-        t = timing.get(r, {})
-        line: dict[str, Any] = {"round": r, "commit": t.get("commit")}
-        if r in metrics:
-            line["metrics"] = {k: v for k, v in metrics[r].items() if k != "round"}
-        if ledger.get(r):
-            line["ledger"] = dict(sorted(ledger[r].items()))
-        line.update({k: t[k] for k in ("cpu_s", "round_s", "eval_s", "workers") if k in t})
-        rounds.append(line)
+    rounds = _round_lines(metrics, timing, ledger)
     cpu = [t.get("cpu_s") for t in timing.values()]
     header = {
         "record": FORMAT, "kind": kind, "name": config.get("name"), "seed": int(config.get("seed", 0)),
