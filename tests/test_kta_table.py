@@ -1,11 +1,18 @@
-"""experiments/kta/write_table.py keeps measured rows whose run folders are gone."""
+"""docs/results/kta_vs_summary.md is rendered from the results store alone
+(experiments/kta/write_table.py): no run folder, no Markdown read back."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results" / "kta_vs_summary.md"
+STORE = ROOT / "docs" / "results" / "records"
 
 
 def _module():
@@ -16,24 +23,40 @@ def _module():
     return mod
 
 
-def test_rerun_without_run_folders_keeps_measured_rows(tmp_path: Path) -> None:
-    mod = _module()
+def test_the_page_is_rendered_from_the_store_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In an empty folder (no run folder anywhere), the committed records render the page."""
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "kta_vs_summary.md"
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    assert mod.main(["--runs", str(runs), "--out", str(out)]) == 0
-    first = out.read_text()
-    assert "| KTA v2 | not run |" in first
-    # a measured row, as an earlier run of the script with the run folder present wrote it
-    measured = "| KTA v2 | 10/10 | 40.79 | 55.10 |  | 1.23 | 1.23 | 2.46 | about 49%, < 10 MB |"
-    out.write_text(first.replace(next(line for line in first.splitlines() if line.startswith("| KTA v2 | not run |")),
-                                 measured))
-    assert mod.main(["--runs", str(runs), "--out", str(out)]) == 0
-    again = out.read_text()
-    kept = [line for line in again.splitlines() if line.startswith("| KTA v2 |")]
-    assert kept[0] == measured.removesuffix(" |") + mod.KEPT + " |", kept
-    assert kept[1].startswith("| KTA v2 | not run |")  # AG News: another section, never measured
-    # kept once, not again on every rerun; rows never measured stay "not run"
-    assert mod.main(["--runs", str(runs), "--out", str(out)]) == 0
-    assert out.read_text().count(mod.KEPT) == 1
-    assert "| FedAvg | not run |" in out.read_text()
+    assert _module().main(["--store", str(STORE), "--out", str(out)]) == 0
+    assert out.read_text() == PAGE.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kta_vs_summary.md"]
+
+
+def test_a_changed_record_changes_the_page_and_a_measured_one_is_named(tmp_path: Path) -> None:
+    """The page follows its records: a record replaced by a measured one changes its rows and
+    the prose numbers derived from it, and the page names it as measured; a config without a
+    record is "not run", never a number kept from an earlier page."""
+    store = tmp_path / "records"
+    shutil.copytree(STORE / "kta", store / "kta")
+    rec = store / "kta" / "cifar10_simplecnn_kta_T10_s0" / "seed-0.jsonl"
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    lines[0]["kind"] = "measured"
+    lines[-1]["metrics"]["node_global/acc"] = 0.4321
+    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    shutil.rmtree(store / "kta" / "cifar10_simplecnn_kta_lam0.9_s0")
+    mod = _module()
+    page = mod.render(store)
+    assert "| T = 10 | 10/10 | 43.21 |" in page and "40.79 /\n  43.21;" in page  # the row and the reading
+    assert "measured: `cifar10_simplecnn_kta_T10_s0`" in page
+    assert "| lambda = 0.9 | not run |" in page
+
+
+def test_imported_records_are_not_taken_for_measured_ones() -> None:
+    """The generic table (`lowband reproduce kta`) and --verify read measured records only:
+    the imported KTA records are shown as imported by write_table.py, never as measured."""
+    from lowband.results.store import Store
+
+    store = Store(STORE, "kta")
+    cfg = "experiments/kta/cifar10_simplecnn_kta_s0.toml"
+    assert store.records(cfg) == {}
+    assert store.records(cfg, imported=True)[0].kind == "imported"

@@ -16,9 +16,9 @@ from conftest import digits_config
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
 from lowband.reproduce.cells import load_cells
-from lowband.reproduce.table import table_markdown
+from lowband.results.table import table_markdown
 from lowband.results import record as recmod
-from lowband.results.pages import unsourced
+from lowband.results.pages import derived_numbers, imported_numbers, misderived, unsourced
 from lowband.results.record import code_commit, read_record, write_record
 from lowband.results.store import Store
 
@@ -52,6 +52,55 @@ def test_record_holds_the_runs_metrics_ledger_commits_and_time(tmp_path: Path) -
     assert rec.header["machine"]["torch"] and rec.header["machine"]["of"] == "run"
     assert rec.header["cpu_s"] is not None and rec.header["cpu_s"] > 0
     assert len(rec.header["fingerprint"]) == 12
+
+
+def test_every_run_writes_its_record_beside_its_metrics(tmp_path: Path) -> None:
+    """The run itself writes record.jsonl (the RecordWriter observer, last of the defaults):
+    nobody calls write_record, and the record equals the one built from the finished folder."""
+    from lowband.engine.observers import RecordWriter
+
+    rd = _run(tmp_path)
+    rec = read_record(rd / "record.jsonl")
+    assert rec.metrics == [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert rec.header["summary"] == json.loads((rd / "summary.json").read_text())
+    again = recmod.build_record(rd)  # from the files written after the observer's last hook
+    assert rec.rounds == again[1:] and rec.header["summary"] == again[0]["summary"]
+    cfg = digits_config(tmp_path / "x", "fedavg", rounds=1)
+    sim = Simulation(validate(cfg))
+    assert isinstance(sim.observers[-1], RecordWriter)
+    sim.observers.pop()  # without the observer, no record: the test above is the observer's
+    sim.run()
+    assert not (Path(cfg["out_dir"]) / "record.jsonl").exists()
+
+
+def test_a_flower_run_writes_its_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower is a backend of the same driver: its run folder has the same record."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs the extra: pip install 'lowband[flower]'")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    import test_flower as tf
+    from lowband.flower import FlowerRun, client_app
+
+    for attr, v in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, v)
+    exp = validate(tf._cnn_config(tmp_path, "flower", "fedavg"))
+    FlowerRun(exp, tf.InProcessGrid(client_app(exp), 6)).run()
+    rd = tmp_path / "flower"
+    rec = read_record(rd / "record.jsonl")
+    assert rec.metrics == [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert rec.rounds == recmod.build_record(rd)[1:]
+
+
+def test_a_run_cut_short_keeps_a_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lowband.engine.observers import record as obsrec
+
+    monkeypatch.setattr(obsrec, "PARTIAL_EVERY_S", 0.0)
+    cfg = digits_config(tmp_path, "fedavg", rounds=3)
+    sim = Simulation(validate(cfg))
+    sim.observers[-1].on_run_end = lambda run, summary: None  # the run ends before its last hook
+    sim.run()
+    rec = read_record(Path(cfg["out_dir"]) / "record.jsonl")
+    assert [m["round"] for m in rec.metrics][-1] == 2 and rec.header["summary"] == {}
 
 
 def test_fingerprint_ignores_seed_and_rounds_but_not_the_method(tmp_path: Path) -> None:
@@ -113,6 +162,29 @@ def test_every_published_cell_value_is_in_the_store() -> None:
 @pytest.mark.parametrize("page", sorted(p.name for p in RESULTS.glob("*.md") if not p.name.endswith("_table.md")))
 def test_every_number_quoted_in_a_results_page_is_in_the_store(page: str) -> None:
     assert unsourced(RESULTS, page) == []
+    assert misderived(RESULTS, page) == []  # each derived number recomputed from its record
+
+
+def test_natural_pages_numbers_are_derived_from_its_measured_records() -> None:
+    """natural.md's 20-round numbers are recomputed from the committed records, and kept apart
+    from the imported numbers of the runs whose folders are gone."""
+    derived = {n for n, _ in derived_numbers(RESULTS, "natural.md")}
+    assert {"19.35", "3.13", "8.25", "23.2", "654.4", "13.2", "2.0", "19.40"} <= derived
+    assert not derived & imported_numbers(RESULTS, "natural.md")
+
+
+def test_editing_a_record_or_a_page_number_breaks_the_prose_check(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    assert misderived(results, "natural.md") == [] and unsourced(results, "natural.md") == []
+    rec = results / "records" / "natural" / "shakespeare_fedadam" / "seed-0.jsonl"
+    rec.write_text(rec.read_text().replace('"global/acc": 0.1940000057220459', '"global/acc": 0.1950000057220459'))
+    assert any("19.40 is 100 * a = 19.50" in x for x in misderived(results, "natural.md"))
+    shutil.copy(RESULTS / "records" / "natural" / "shakespeare_fedadam" / "seed-0.jsonl", rec)
+    page = results / "natural.md"
+    page.write_text(page.read_text().replace("and FedAdam 19.40%", "and FedAdam 19.45%"))
+    assert unsourced(results, "natural.md") == ["19.45"]
+    assert any("does not quote it" in x for x in misderived(results, "natural.md"))
 
 
 def _toy_paper(tmp_path: Path) -> tuple[Path, Path]:

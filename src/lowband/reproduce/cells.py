@@ -1,14 +1,23 @@
-"""A paper's table cells: reading ``PAPER/reproduce.toml`` (:class:`Cell`, :func:`load_cells`,
-where papers are found: :func:`locate`), choosing them (``--only``, ``--seeds``) and planning
-the (config, seed) runs they need, each in its run folder (:func:`run_plan`,
-:func:`seed_overrides`)."""
+"""A paper's table cells: reading ``PAPER/reproduce.toml`` (:func:`load_cells`; where papers
+are found: :func:`locate`), choosing them (``--only``, ``--seeds``) and planning the (config,
+seed) runs they need, each in its run folder (:func:`run_plan`, :func:`seed_overrides`).
+
+Each ``[[run]]`` is one cell: ``id`` (unique; ``--only`` matches it), ``table`` (its section),
+``row`` (a label), ``config`` (``experiments/X/Y.toml``: read from the experiments folder in
+use), ``metric``, ``round`` (the value at this round, not the last), ``paper`` (the paper's
+number or text) and ``paper_unit`` (one of :data:`~lowband.results.rundata.UNITS`),
+``reference`` (``comm_reduction``'s baseline config), ``seeds`` (also at the top: every cell).
+Metrics: a key of metrics.jsonl (accuracies in %, cumulative ``bytes/...`` in GB, or MB with
+``paper_unit = "MB"``), ``rounds_to_target`` (first evaluated round whose main metric reaches
+``eval.target``), ``bytes_per_round`` (MB), ``comm_reduction`` (``100 (1 - bytes_per_round /
+reference's)``, %), ``time/elapsed_s`` and ``time/round_s`` (mean)."""
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
@@ -16,24 +25,7 @@ from typing import Any, Optional
 from lowband.config.schema import ConfigError
 from lowband.config.resolve import load_experiment
 from lowband.config.loading import load_toml
-
-UNITS = ("%", "GB", "MB", "rounds", "s", "")
-
-
-@dataclass
-class Cell:
-    id: str
-    table: str
-    config: str
-    metric: str
-    paper: Any = None
-    paper_unit: Optional[str] = None
-    row: str = ""
-    round: Optional[int] = None
-    reference: Optional[str] = None
-    #: seeds to run (None: the config's own seed only); the table shows every seed found
-    seeds: Optional[list[int]] = None
-
+from lowband.results.rundata import UNITS, Cell
 
 def packaged_experiments() -> Optional[Path]:
     """The experiments folder shipped with the package (``lowband/experiments``), if any."""

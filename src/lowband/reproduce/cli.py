@@ -15,7 +15,7 @@ from lowband.engine.runlog import atomic_write_text
 from lowband.reproduce.cells import _overrides, load_cells, locate, run_plan, seed_overrides, select, with_seeds
 from lowband.reproduce.dryrun import dry_run
 from lowband.reproduce.plan import run_config
-from lowband.reproduce.table import Tabulator, table_markdown
+from lowband.results.table import Tabulator, table_markdown
 from lowband.results.store import Store, default_root
 
 
@@ -77,6 +77,22 @@ def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str
     return [str(f) for f in found]
 
 
+def _make(plan: list[tuple[str, Optional[int]]], overrides: list[str], store: Store, *, collect: bool) -> int:
+    """Run (or, ``collect``, find) the planned runs and record them in the store; the number
+    of runs skipped."""
+    made: list[tuple[str, str]] = []
+    skipped = 0
+    for cfg, seed in plan:
+        if collect:
+            made += [(cfg, f) for f in _present(cfg, overrides, seed)]
+            continue
+        folder = run_config(cfg, overrides, seed=seed)
+        skipped += folder is None
+        made += [(cfg, folder)] if folder else []
+    _record_runs(store, made)
+    return skipped
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     experiments = Path(args.experiments) if args.experiments else None
     cells = with_seeds(select(load_cells(args.paper, experiments=experiments), args.only),
@@ -101,17 +117,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("\n".join(dry_run(plan, overrides, Tabulator(store, overrides).runs)))
         return 0
-    skipped = 0
-    if not args.render:
-        made = []
-        for cfg, seed in plan:
-            if args.collect:
-                made += [(cfg, f) for f in _present(cfg, overrides, seed)]
-                continue
-            folder = run_config(cfg, overrides, seed=seed)
-            skipped += folder is None
-            made += [(cfg, folder)] if folder else []
-        _record_runs(store, made)
+    skipped = 0 if args.render else _make(plan, overrides, store, collect=args.collect)
     md = table_markdown(args.paper, cells, store, overrides)
     out = output_path(args.out, args.paper)
     out.parent.mkdir(parents=True, exist_ok=True)

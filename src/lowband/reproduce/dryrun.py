@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, get_args
 
 from lowband.reproduce.plan import Action, Planned, run_action, run_name
-from lowband.reproduce.rundata import RunData, on_cpu
+from lowband.results.rundata import RunData, on_cpu
 
 
 @dataclass(frozen=True)
@@ -36,20 +36,20 @@ def rounds_to_go(plan: Planned) -> int:
 
 def estimate(plan: Planned, runs: dict[int, RunData]) -> Estimate:
     """What ``plan`` still costs (:class:`Estimate`), timed on the store's records of its
-    config (``runs``: seed -> run, see :func:`lowband.reproduce.table.store_runs`), counting
+    config (``runs``: seed -> run, see :func:`lowband.results.table.store_runs`), counting
     only runs made on the kind of device ``plan`` runs on: a GPU's rounds say nothing of a
     core's."""
     gpu = not on_cpu(plan.exp.device)
     timed = [d for d in runs.values() if d.timing and d.on_cpu != gpu]
-    if timed:
-        per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
-        seeds = sorted(d.seed for d in timed)
-        note = f"timed on the record{'s' if len(seeds) > 1 else ''} of seed{'s' if len(seeds) > 1 else ''} " \
-               f"{', '.join(str(s) for s in seeds)}"
-        return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
-    if any(d.timing for d in runs.values()):
-        return Estimate(None, gpu, f"this config is recorded only on {'the CPU' if gpu else 'a GPU'}")
-    return Estimate(None, gpu, "no record of this config in the store")
+    if not timed:
+        other = any(d.timing for d in runs.values())
+        return Estimate(None, gpu, f"this config is recorded only on {'the CPU' if gpu else 'a GPU'}" if other
+                        else "no record of this config in the store")
+    per_round = sum(d.gpu_hours if gpu else d.cpu_hours for d in timed) / sum(len(d.timing) for d in timed)
+    seeds = sorted(d.seed for d in timed)
+    many = "s" if len(seeds) > 1 else ""
+    note = f"timed on the record{many} of seed{many} {', '.join(str(s) for s in seeds)}"
+    return Estimate(rounds_to_go(plan) * per_round, gpu, note, not gpu and any(not d.threads for d in timed))
 
 
 def _hours(h: float) -> str:

@@ -102,10 +102,43 @@ def _ledger_rounds(path: Path) -> dict[int, dict[str, list[int]]]:
     return out
 
 
-def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "run") -> list[dict[str, Any]]:
+def ledger_rounds(ledger: Any) -> dict[int, dict[str, list[int]]]:
+    """:func:`_ledger_rounds` of a ledger in memory (what ledger.csv will hold)."""
+    from lowband.ledgerfile import ledger_columns
+
+    c = ledger_columns(ledger)
+    out: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    for r, di, k, b, de in zip(*(c[x].tolist() for x in ("round", "direction", "kind", "bytes", "declared"))):
+        tot = out[int(r)].setdefault(f"{di}/{k}", [0, 0])
+        tot[0] += int(b)
+        tot[1] += int(de)
+    return out
+
+
+def _round_lines(metrics: dict[int, dict], timing: dict[int, dict],
+                 ledger: dict[int, dict[str, list[int]]]) -> list[dict[str, Any]]:
+    """One line per round that logged anything: its commit, metrics, ledger totals, timing."""
+    rounds = []
+    for r in sorted(set(metrics) | set(timing) | set(ledger)):
+        t = timing.get(r, {})
+        line: dict[str, Any] = {"round": r, "commit": t.get("commit")}
+        if r in metrics:
+            line["metrics"] = {k: v for k, v in metrics[r].items() if k != "round"}
+        if ledger.get(r):
+            line["ledger"] = dict(sorted(ledger[r].items()))
+        line.update({k: t[k] for k in ("cpu_s", "round_s", "eval_s", "workers") if k in t})
+        rounds.append(line)
+    return rounds
+
+
+def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "run",
+                 ledger: Optional[dict[int, dict[str, list[int]]]] = None,
+                 summary: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     """The record of ``run_dir`` as a list of JSON objects (header first). ``machine_of``:
     ``"run"`` when the process that made the run writes it (the machine is the run's), else
-    ``"import"`` (the machine is the importer's; the run's own is not known)."""
+    ``"import"`` (the machine is the importer's; the run's own is not known). ``ledger``
+    (:func:`ledger_rounds`) and ``summary``: what the run holds in memory and has not written
+    yet (a run's own record, written before ledger.csv and summary.json), instead of the files."""
     import tomllib
 
     from lowband.version import __version__
@@ -120,20 +153,11 @@ def build_record(run_dir: Path, *, kind: str = "measured", machine_of: str = "ru
     hyper = saved_hyperparams(rd)
     metrics = {int(m["round"]): m for m in RunLog.read_jsonl(rd / "metrics.jsonl")}
     timing = {int(t["round"]): t for t in RunLog.read_jsonl(rd / "timing.jsonl")}
-    ledger = _ledger_rounds(rd / "ledger.csv")
-    summary: dict[str, Any] = {}
-    if (rd / "summary.json").is_file():
-        summary = json.loads((rd / "summary.json").read_text())
-    rounds = []
-    for r in sorted(set(metrics) | set(timing) | set(ledger)):
-        t = timing.get(r, {})
-        line: dict[str, Any] = {"round": r, "commit": t.get("commit")}
-        if r in metrics:
-            line["metrics"] = {k: v for k, v in metrics[r].items() if k != "round"}
-        if ledger.get(r):
-            line["ledger"] = dict(sorted(ledger[r].items()))
-        line.update({k: t[k] for k in ("cpu_s", "round_s", "eval_s", "workers") if k in t})
-        rounds.append(line)
+    if ledger is None:
+        ledger = _ledger_rounds(rd / "ledger.csv")
+    if summary is None:
+        summary = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").is_file() else {}
+    rounds = _round_lines(metrics, timing, ledger)
     cpu = [t.get("cpu_s") for t in timing.values()]
     header = {
         "record": FORMAT, "kind": kind, "name": config.get("name"), "seed": int(config.get("seed", 0)),
@@ -173,11 +197,12 @@ def save(lines: list[dict[str, Any]], path: Path) -> Path:
     return final
 
 
-def write_record(run_dir: Path | str, *, machine_of: str = "run") -> Path:
-    """Build ``run_dir``'s record from its files and write it there as ``record.jsonl``
-    (or ``record.jsonl.gz``); returns the path. The one call a run makes at its end (and
-    after each round, for a partial record): ``write_record(run_dir)``."""
-    return save(build_record(Path(run_dir), machine_of=machine_of), Path(run_dir) / RECORD_NAME)
+def write_record(run_dir: Path | str, *, machine_of: str = "run", **state: Any) -> Path:
+    """Build ``run_dir``'s record from its files (and ``state``: the ``ledger`` and ``summary``
+    of :func:`build_record`) and write it there as ``record.jsonl`` (or ``record.jsonl.gz``);
+    returns the path. What every run does at its end and, for a partial record, now and then
+    after a checkpoint (:class:`lowband.engine.observers.record.RecordWriter`)."""
+    return save(build_record(Path(run_dir), machine_of=machine_of, **state), Path(run_dir) / RECORD_NAME)
 
 
 @dataclass

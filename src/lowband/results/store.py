@@ -74,13 +74,16 @@ class Store:
         """A config's folder in the store: its file's stem (``fmnist_dir0.3_fedavg``)."""
         return Path(config).stem
 
-    def records(self, config: str) -> dict[int, Record]:
-        """seed -> measured record of ``config`` in the store."""
+    def records(self, config: str, *, imported: bool = False) -> dict[int, Record]:
+        """seed -> measured record of ``config`` in the store (with ``imported``, also the
+        records imported from an earlier page, header ``kind = "imported"``: a table that
+        shows them must say so)."""
         folder = self.dir / self.key(config)
         out: dict[int, Record] = {}
         for p in sorted(folder.glob("seed-*.jsonl*")) if folder.is_dir() else []:
             rec = read_record(p)
-            out[rec.seed] = rec
+            if imported or rec.kind == "measured":
+                out[rec.seed] = rec
         return dict(sorted(out.items()))
 
     def imported(self) -> dict[str, Imported]:

@@ -19,8 +19,7 @@ from typing import Any, Optional
 
 from lowband.config.schema import ConfigError
 from lowband.config.resolve import load_experiment
-from lowband.reproduce.cells import Cell, config_seed
-from lowband.reproduce.rundata import run_of_record, value
+from lowband.results.rundata import Cell, run_of_record, value
 from lowband.results.record import Record, build_record, code_commit, loads, dumps
 from lowband.results.store import Store
 
@@ -130,7 +129,7 @@ def verify_imported(cell: Cell, store: Store, seed: int, overrides: list[str]) -
 
 def cmd_verify(args: argparse.Namespace, cells: list[Cell], store: Store) -> int:
     """Verify ``args.verify``'s cell: 0 when it reproduces, 1 when a metric differs."""
-    from lowband.reproduce.cells import _overrides
+    from lowband.reproduce.cells import _overrides, config_seed
 
     match = [c for c in cells if c.id == args.verify]
     if not match:

@@ -16,6 +16,7 @@ from lowband.engine.observers.diagnostics import Diagnostics
 from lowband.engine.observers.faults import Faults
 from lowband.engine.observers.incidents import Incidents
 from lowband.engine.observers.linkclock import LinkClock
+from lowband.engine.observers.record import RecordWriter
 from lowband.engine.observers.robustness import Robustness
 from lowband.engine.observers.timing import Timing
 from lowband.engine.observers.views import Progress, TensorBoard
@@ -47,5 +48,6 @@ def default_observers(sim: Any, *, traffic: Any, builder: Any, progress: Progres
         progress,
         *extra,
         Checkpoint(exp.checkpoint_every) if checkpoints else None,
+        RecordWriter(),  # last: the record holds the summary every other observer made
     ]
     return [o for o in obs if o is not None]
