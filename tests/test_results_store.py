@@ -113,6 +113,20 @@ def test_fingerprint_ignores_seed_and_rounds_but_not_the_method(tmp_path: Path) 
     assert a.header["fingerprint"] == b.header["fingerprint"] != c.header["fingerprint"]
 
 
+def test_a_key_added_with_its_default_leaves_the_fingerprint_alone() -> None:
+    """A config saved before a schema key existed (e.g. ``comm.freshness``) and the same config
+    written by newer code with that key at its default are one config; a non-default value is not."""
+    import tomli_w
+
+    from lowband.results.record import fingerprint
+
+    cfg = digits_config(Path("/tmp/unused"), "fedavg", rounds=1)
+    older = tomli_w.dumps(cfg)
+    newer = tomli_w.dumps({**cfg, "comm": {**cfg.get("comm", {}), "freshness": False}})
+    changed = tomli_w.dumps({**cfg, "comm": {**cfg.get("comm", {}), "freshness": True}})
+    assert fingerprint(older) == fingerprint(newer) != fingerprint(changed)
+
+
 def test_a_large_record_is_gzipped_and_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rd = _run(tmp_path, rounds=2)
     plain = read_record(write_record(rd))

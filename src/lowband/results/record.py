@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import subprocess
+import typing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,70 @@ def fingerprint(config_toml: str, hyperparams: Optional[dict[str, Any]] = None) 
     d = json.loads(_comparable(config_toml, hyperparams))
     for key in ("seed", "out_dir", "name"):
         d.pop(key, None)
+    algorithm = d.pop("algorithm", None)  # the resolved hyperparameters: compared whole
+    d = _without_defaults(d, _schema_defaults())
+    if algorithm is not None:
+        d["algorithm"] = algorithm
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _model_class(annotation: Any) -> Optional[type]:
+    """The pydantic model a config field holds (through Optional/Union), else None."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_class(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _defaults_of(model: type) -> dict[str, Any]:
+    """field -> its default as JSON (a nested section: a dict of its own fields' defaults)."""
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        sub = _model_class(field.annotation)
+        if sub is not None:
+            out[name] = _Section(_defaults_of(sub))
+        elif not field.is_required():
+            try:
+                out[name] = json.loads(json.dumps(field.get_default(call_default_factory=True)))
+            except TypeError:  # a default JSON cannot hold: never equal to a saved value
+                continue
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict[str, Any]:
+    from lowband.config.schema import Experiment
+
+    return _defaults_of(Experiment)
+
+
+def _without_defaults(d: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``d`` less every key whose value is today's schema default, recursively: a key added to
+    the schema later (written with its default by newer code, absent from older configs)
+    leaves the fingerprint as it was, so records made before it still compare equal."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        dv = defaults.get(k, _MISSING)
+        if isinstance(v, dict) and isinstance(dv, _Section):
+            v = _without_defaults(v, dv)
+            if not v:
+                continue
+        elif dv is not _MISSING and v == dv:
+            continue
+        out[k] = v
+    return out
+
+
+_MISSING = object()
+
+
+class _Section(dict):  # type: ignore[type-arg]
+    """The defaults of a config section (a model): compared key by key, unlike a dict value."""
 
 
 def _ledger_rounds(path: Path) -> dict[int, dict[str, list[int]]]:
