@@ -576,21 +576,26 @@ def check_run(folder: Path) -> None:
     import tomllib
 
     d = Path(folder)
-    check_folder(d)
+    # each file's own form first (the most precise line: "line 2 is not JSON"), then the
+    # manifest (what only a checksum sees), then what the files say of each other
     cfg = d / "config.toml"
-    if cfg.exists():
+    if cfg.is_file():
         try:
             tomllib.loads(cfg.read_bytes().decode())
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise DamagedFileError(cfg, f"not a TOML file: {str(exc).splitlines()[0][:80]}") from None
     elif any((d / n).exists() for n in ("metrics.jsonl", "summary.json", "checkpoint.pt")):
         raise DamagedFileError(cfg, "missing, while the folder holds a run's results")
+    elif cfg.exists():
+        raise DamagedFileError(cfg, "a folder or special file where the run wrote a file")
     hp = d / HYPERPARAMS_NAME
     if hp.exists() and saved_hyperparams(d) is None:
-        raise DamagedFileError(hp, "not the JSON object of the run's hyperparameters")
+        raise DamagedFileError(hp, "it cannot be read as the run's hyperparameters, so whether a config continues "
+                                   "the same run cannot be told")
     metrics = RunLog.read_jsonl(d / "metrics.jsonl")
     RunLog.read_jsonl(d / "timing.jsonl")
-    if metrics and cfg.exists():
+    check_folder(d)
+    if metrics and cfg.is_file():
         every, _ = _eval_settings(d)
         rounds = [int(r["round"]) for r in metrics]
         for a, b in zip(rounds, rounds[1:]):
