@@ -149,6 +149,7 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
         d["data"].pop("data_dir", None)  # recorded at all): a new machine keeps them elsewhere
     if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
         d["engine"].pop("workers", None)
+        d["engine"].pop("retries", None)  # what happens when a machine is lost changes no number
         if not d["engine"]:
             d.pop("engine")
     return json.dumps(d, sort_keys=True)
