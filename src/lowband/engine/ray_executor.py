@@ -194,10 +194,15 @@ class RayExecutor(ShardedExecutor):
             alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
         except Exception:  # noqa: BLE001 - the description is best effort
             pass
-        dead = [i for i in getattr(self, "worker_info", []) if alive.get(i.get("node_id")) is False]
-        shards = dead or list(getattr(self, "worker_info", []))
-        where = "; ".join(f"shard {i['shard']} ({i['nodes']} nodes) on {i['host']} ({i.get('ip', '?')})"
-                          for i in shards) if dead else "a shard's worker"
+        info = list(getattr(self, "worker_info", []))
+        dead = [i for i in info if alive.get(i.get("node_id")) is False]
+        actor = getattr(getattr(exc, "cause", None) or exc, "actor_id", None)
+        if not dead and actor is not None:  # the actor's error comes before the node is marked dead
+            ids = [getattr(getattr(w, "_actor_id", None), "hex", lambda: None)() for w in self.workers]
+            dead = [i for i, a in zip(info, ids) if a is not None and a == actor]
+        shards = dead
+        where = "; ".join(f"shard {i['shard']} ({i['nodes']} nodes) on {i['host']} ({i.get('ip', '?')}, node "
+                          f"{str(i.get('node_id', '?'))[:8]})" for i in shards) if shards else "a shard's worker"
         kind = type(getattr(exc, "cause", None) or exc).__name__
         return (f"Ray lost {where} ({kind}: a machine or its worker process is gone); the run's last "
                 f"checkpoint is kept: `lowband run CONFIG --resume` continues it exactly (or set "
