@@ -185,21 +185,25 @@ class Manifest:
         m = read_manifest(Path(folder))
         return cls(folder, m or {})
 
-    def save(self) -> None:
+    def save(self, durable: bool = True) -> None:
+        """Replace manifest.json atomically; ``durable``: fsynced too (not after an append,
+        whose line is not fsynced either: a rename is atomic against a kill all the same)."""
         data = (json.dumps({"format": 1, "files": self.files}, indent=1, sort_keys=True) + "\n").encode()
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
                 disk_write(f, data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if _is_full(exc):
                 raise disk_full(self.path, len(data)) from None
             raise
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        if durable:
+            _fsync_dir(self.dir)
 
     # -- replacing a whole file ----------------------------------------------------
     def replace(self, path: Path, fill: Callable[[Any], None], need: Callable[[], Optional[int]]) -> None:
@@ -227,9 +231,8 @@ class Manifest:
         self.replace(path, lambda w: w.write(data), lambda: len(data))
 
     def remove(self, path: Path) -> None:
-        """Delete ``path`` and its record (record first: a kill between leaves a file the
-        manifest does not name, which a reader refuses only for :data:`KNOWN` names... so
-        the file goes first, then the record)."""
+        """Delete ``path``, then its record (a kill between leaves a record of a missing file:
+        the reader says so in one line, and nothing is read as whole that is not)."""
         path.unlink(missing_ok=True)
         if self.files.pop(path.name, None) is not None:
             self.save()
@@ -255,7 +258,7 @@ class Manifest:
         h.update(data)
         self._running[name] = (h, n + len(data))
         self.files[name] = _entry(n + len(data), h.hexdigest())
-        self.save()
+        self.save(durable=False)
 
     def _hasher(self, path: Path) -> tuple[Any, int]:
         got = self._running.get(path.name)
