@@ -225,7 +225,7 @@ class Manifest:
         _fsync_dir(self.dir)
         self.files[name] = _entry(n, sha)
         self._running.pop(name, None)
-        self.save()
+        self.save(durable=False)  # (lost to a power cut, the manifest before still accepts the new content)
 
     def write_bytes(self, path: Path, data: bytes) -> None:
         self.replace(path, lambda w: w.write(data), lambda: len(data))
