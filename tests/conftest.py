@@ -60,3 +60,16 @@ def pytest_collection_modifyitems(config: "pytest.Config", items: list["pytest.I
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
             item.add_marker(_pytest.mark.slow)
+
+
+def as_written(path: Path, text: "str | None") -> None:
+    """Change a run folder's file as lowband itself would (its manifest.json updated; None
+    removes the file): the state an older lowband, another device or a kill leaves, which
+    a test sets up by hand; an edit behind the manifest's back is a damage (test_damage_matrix)."""
+    from lowband.engine.runlog import RunLog
+
+    log = RunLog(Path(path).parent)
+    if text is None:
+        log.remove(Path(path))
+    else:
+        log.write_file(Path(path), text)

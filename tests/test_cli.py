@@ -62,6 +62,23 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
+def as_if_written(path: Path, text: str) -> None:
+    """Replace a run folder's file as the run would have written it (its manifest updated):
+    a state an older lowband leaves, not a damage."""
+    from lowband.engine.runlog import RunLog
+
+    RunLog(path.parent).write_file(path, text)
+
+
+def before_manifests(folder: Path) -> None:
+    """Make ``folder`` a run folder as lowband wrote it before manifests existed."""
+    from lowband.engine.runfiles import MANIFEST_MARK, MANIFEST_NAME
+
+    (folder / MANIFEST_NAME).unlink()
+    cfg = folder / "config.toml"
+    cfg.write_text(cfg.read_text().replace(MANIFEST_MARK, ""))
+
+
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file's bytes and mtime, to prove a folder was left alone."""
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -290,7 +307,7 @@ def test_resume_refuses_a_run_started_under_another_default(capsys, tmp_path: Pa
     saved = json.loads((a / "hyperparams.json").read_text())
     assert saved["algorithm"] == "fedprox" and "mu" in saved and "lr" in saved  # defaults included
     saved["mu"] = saved["mu"] + 0.5
-    (a / "hyperparams.json").write_text(json.dumps(saved))
+    as_if_written(a / "hyperparams.json", json.dumps(saved))
     before = snapshot(a)
     rc, _, err = cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")
     line = one_error_line(err)
@@ -314,7 +331,8 @@ def test_resume_refuses_a_run_whose_saved_hyperparams_cannot_be_read(capsys, tmp
         before = snapshot(a)
         rc, _, err = cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")
         line = one_error_line(err)
-        assert rc == 2 and "hyperparams.json cannot be read" in line and snapshot(a) == before
+        assert rc == 2 and "hyperparams.json is damaged" in line and snapshot(a) == before
+    before_manifests(a)  # a run made before lowband saved hyperparams.json (and manifests)
     (a / "hyperparams.json").unlink()
     assert cli(capsys, "run", p, "rounds=3", f"out_dir={a}", "--resume", "--quiet")[0] == 0
 
@@ -376,7 +394,9 @@ def test_a_resumed_run_killed_midway_leaves_no_finished_summary(capsys, tmp_path
     a = tmp_path / "a"
     assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--quiet")[0] == 0
     assert (a / "summary.json").exists()
-    (a / "checkpoint.pt").unlink()  # a restart from round 0
+    from lowband.engine.runlog import RunLog
+
+    RunLog(a).remove(a / "checkpoint.pt")  # a restart from round 0 (as a run without checkpoints)
 
     def killed(self, r, plan):
         raise KeyboardInterrupt
@@ -394,7 +414,8 @@ def test_resume_accepts_a_run_saved_before_a_schema_key_was_added(capsys, tmp_pa
     assert cli(capsys, "run", p, "rounds=1", f"out_dir={a}", "--quiet")[0] == 0
     saved = (a / "config.toml").read_text()
     assert 'public_source = "train"' in saved
-    (a / "config.toml").write_text(saved.replace('public_source = "train"\n', ""))
+    before_manifests(a)  # an older lowband wrote no manifest either
+    (a / "config.toml").write_text((a / "config.toml").read_text().replace('public_source = "train"\n', ""))
     assert cli(capsys, "run", p, "rounds=2", f"out_dir={a}", "--resume", "--quiet")[0] == 0
     assert len(metric_lines(a)) == 3
 
@@ -770,10 +791,11 @@ def test_checkpoint_is_fsynced_before_the_rename(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(os, "replace", replace)
     log = RunLog(tmp_path)
     log.save_checkpoint({"round": 3, "x": torch.ones(2)})
-    kinds = [e[0] for e in events]
-    assert kinds == ["fsync-file", "replace", "fsync-dir"], events
+    # (the manifest accepting old and new content is written between: lowband.engine.runfiles)
+    i = events.index(("replace", "checkpoint.pt"))
+    assert events[0][0] == "fsync-file" and events[i + 1][0] == "fsync-dir", events
     if events[0][1] != "?":
-        assert events[0][1] == "checkpoint.pt.tmp" and events[2][1] == tmp_path.name
+        assert events[0][1] == "checkpoint.pt.tmp" and events[i + 1][1] == tmp_path.name
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["round"] == 3
     assert not (tmp_path / "checkpoint.pt.tmp").exists()
 

@@ -164,10 +164,12 @@ def test_reproduce_resumes_interrupted_and_restarts_uncheckpointed_runs(
     resumed = RunLog.read_jsonl(tmp_path / "runs" / "toy" / "metrics.jsonl")
     assert [m["round"] for m in resumed] == [0, 1, 2, 3]
     # a run killed before its first checkpoint restarts from round 0, to the same numbers
-    (tmp_path / "runs" / "toy" / "checkpoint.pt").unlink()
-    (tmp_path / "runs" / "toy" / "summary.json").unlink()
-    lines = (tmp_path / "runs" / "toy" / "metrics.jsonl").read_text().splitlines()
-    (tmp_path / "runs" / "toy" / "metrics.jsonl").write_text(lines[0] + "\n")
+    # (the folder as such a kill leaves it: every change through the run log, so its manifest agrees)
+    log = RunLog(tmp_path / "runs" / "toy")
+    log.remove(log.ckpt_path)
+    log.remove(log.summary_path)
+    lines = log.metrics_path.read_text().splitlines()
+    log.write_file(log.metrics_path, lines[0] + "\n")
     assert main(args) == 0
     assert "  restart" in capsys.readouterr().out
     assert RunLog.read_jsonl(tmp_path / "runs" / "toy" / "metrics.jsonl") == resumed

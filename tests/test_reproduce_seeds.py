@@ -15,7 +15,7 @@ import pytest
 import tomli_w
 import torch
 
-from conftest import digits_config
+from conftest import as_written, digits_config
 from lowband.config import ConfigError
 from lowband.engine.runlog import RunLog
 
@@ -211,12 +211,12 @@ def test_dry_run_says_what_each_run_would_do_and_what_it_costs(
         assert main(["run", cfg, f"seed={s}", f"out_dir=runs/toy/seed-{s}", f"rounds={rounds}", "--quiet"]) == 0
     root = tmp_path / "runs" / "toy"
     for name in ("checkpoint.pt", "summary.json"):  # seed 3: killed before its first checkpoint
-        (root / "seed-3" / name).unlink()
+        as_written(root / "seed-3" / name, None)
     for s in (4, 5):  # made under another default: seed 4 partly, seed 5 to the end
         hp = root / f"seed-{s}" / "hyperparams.json"
         saved = json.loads(hp.read_text())
         saved["lr"] *= 2
-        hp.write_text(json.dumps(saved))
+        as_written(hp, json.dumps(saved))
     args = ["reproduce", "toy", "--experiments", str(papers), "--out", "out"]
     assert main([*args, "--collect"]) == 0  # the folders present recorded (not seeds 4 and 5: another config's)
     before = _files(tmp_path)
@@ -409,7 +409,7 @@ def test_a_seed_run_on_a_gpu_counts_as_gpu_hours(tmp_path: Path, monkeypatch: py
     table = tmp_path / "out" / "toy_table.md"
     cpu_before = float(re.search(r"\*\*Compute: ([\d.e+-]+) CPU-hours", table.read_text()).group(1))
     saved = tmp_path / "runs" / "toy" / "seed-1" / "config.toml"
-    saved.write_text(saved.read_text().replace('device = "cpu"', 'device = "cuda"'))
+    as_written(saved, saved.read_text().replace('device = "cpu"', 'device = "cuda"'))
     assert 'device = "cuda"' in saved.read_text()
     assert main(args + ["--collect"]) == 0
     text = table.read_text()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import digits_config
+from conftest import as_written, digits_config
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
 from lowband.reproduce.cells import load_cells
@@ -308,15 +308,15 @@ def test_collect_records_only_folders_of_todays_config_with_sound_logs(
     before = stored.read_bytes()
     hp = rd / "hyperparams.json"
     saved = json.loads(hp.read_text())
-    hp.write_text(json.dumps({**saved, "lr": saved["lr"] * 2}))  # made under another default
+    as_written(hp, json.dumps({**saved, "lr": saved["lr"] * 2}))  # made under another default
     capsys.readouterr()
     assert main([*args, "--collect"]) == 0
     assert "another config" in capsys.readouterr().err and stored.read_bytes() == before
-    hp.write_text(json.dumps(saved))
+    as_written(hp, json.dumps(saved))
     log = rd / "metrics.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")  # damaged before its end
-    assert main([*args, "--collect"]) == 0
+    assert main([*args, "--collect"]) == 2  # a damaged folder: one line, exit 2 (test_damage_matrix)
     assert "not recorded" in capsys.readouterr().err and stored.read_bytes() == before
 
 

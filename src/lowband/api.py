@@ -505,11 +505,23 @@ def run(exp: Any = None, /, *, out: Optional[str | Path] = None, write: bool = T
 
         bar = RunProgress(e.name, sim.main_metric, e.rounds)
         sim.progress = bar
+    from lowband.engine.retry import run_retrying
+
+    made = [sim]
+
+    def remake() -> Simulation:  # a lost Ray machine with engine.retries: the run resumed on what is left
+        again = Simulation(e, resume=True, write=write, observers=observers,
+                           **({"federation": sim.fed} if data is not None else {}))
+        again.progress = sim.progress
+        made.append(again)
+        return again
+
     try:
-        res = sim.run()
+        res = run_retrying(sim, lambda s: s.run(), remake)
     finally:
         if bar is not None:
             bar.close()
+    sim = made[-1]
     from lowband.export import ledger_columns
 
     fed = sim.fed

@@ -27,10 +27,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from lowband.comm.wire import WireError
     from lowband.config.schema import ConfigError
     from lowband.data.errors import DatasetError, PartitionError
+    from lowband.engine.retry import LostWorkerError
     from lowband.engine.runlog import RunDirError
     from lowband.report import ReportError
 
-    return (ConfigError, DatasetError, PartitionError, RunDirError, ReportError, WireError)
+    return (ConfigError, DatasetError, PartitionError, RunDirError, ReportError, WireError, LostWorkerError)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -56,7 +57,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     sim = Simulation(exp, resume=args.resume)
     bar = _Progress(exp.name, sim.main_metric, exp.rounds, quiet=args.quiet)
     try:
-        res = sim.run() if bar._bar is None else _run_with(sim, bar)
+        from lowband.engine.retry import run_retrying  # a lost Ray machine: engine.retries
+
+        res = run_retrying(sim, lambda s: s.run() if bar._bar is None else _run_with(s, bar),
+                           lambda: Simulation(exp, resume=True))
     finally:
         bar.close()
     s = res.summary

@@ -183,6 +183,9 @@ def export_folders(run: str | Path) -> Optional[Any]:
 
     root = Path(run)
     if (root / "metrics.jsonl").exists() and not seed_runs(root, finished=True):
+        from lowband.engine.runlog import check_run
+
+        check_run(root)  # every file as the run wrote it (lowband.engine.runfiles): a damage is one line
         return None
     try:
         folders = find_runs(root)

@@ -89,6 +89,9 @@ class RunFolders:
 
 
 def _summary_seed(d: Path) -> Optional[int]:
+    from lowband.engine.runlog import check_run
+
+    check_run(d)  # every file as the run wrote it (lowband.engine.runfiles): a damage is one line
     try:
         seed = json.loads((d / "summary.json").read_text()).get("seed")
     except json.JSONDecodeError as exc:
@@ -111,6 +114,10 @@ def find_runs(path: str | Path) -> RunFolders:
     from lowband.aggregate import seed_runs
 
     p = Path(path)
+    if any((p / n).exists() for n in ("config.toml", "manifest.json", "metrics.jsonl", "checkpoint.pt")):
+        from lowband.engine.runlog import check_run
+
+        check_run(p)  # a run's own files, deleted summary.json included, as the run wrote them
     own = (p / "summary.json").exists()
     found: list[tuple[Optional[int], Path]] = [(_summary_seed(p), p)] if own else []
     left_out: list[tuple[Path, str]] = []
@@ -154,6 +161,9 @@ def load_run(path: str | Path) -> RunRecord:
 
 
 def _load_single(p: Path) -> RunRecord:
+    from lowband.engine.runlog import check_run
+
+    check_run(p)
     log = RunLog(p)
     try:
         summary = json.loads(log.summary_path.read_text())

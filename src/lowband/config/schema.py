@@ -442,6 +442,10 @@ class EngineConfig(_Strict):
     #: machine has several and the federation is big enough to pay, else 1), or a count
     #: (1: serially in this process). Serial executor only (Ray has ray_workers).
     workers: Union[Literal["auto"], Int] = "auto"
+    #: how many times a run that lost a machine (a Ray node, an actor) continues by itself
+    #: from its last checkpoint on the machines left (lowband.engine.retry); 0: it stops with
+    #: one line and ``--resume`` continues it
+    retries: Int = Field(0, ge=0, le=100)
 
     @field_validator("workers", mode="before")
     @classmethod

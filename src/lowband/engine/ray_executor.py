@@ -36,6 +36,14 @@
 
 The ledger, ``metrics.jsonl`` and the states are identical to the serial executor's for
 the same config and seed (tests/test_ray.py).
+
+**A lost machine** (a node's raylet gone, an actor killed, an object whose owner died) is
+:class:`LostWorkerError`: one line saying which shard (nodes, host) was lost and that
+``--resume`` continues the run exactly from its last checkpoint. With ``engine.retries``
+> 0 the run does that itself (:func:`lowband.engine.retry.run_retrying`): a new executor places its shards on the
+capacity the cluster still has (Ray schedules them on the surviving nodes) and the run
+continues from the checkpoint, to the metrics an uninterrupted run writes
+(tests/test_ray_lost_node.py).
 """
 
 from __future__ import annotations
@@ -53,12 +61,34 @@ from lowband.algorithms.base import Step
 from lowband.comm.network import Ack, CodecConfig
 from lowband.comm.validate import ValidationPolicy
 from lowband.engine.executor import NodeEnv, SerialExecutor
+from lowband.engine.retry import LostWorkerError, run_retrying
 from lowband.engine.rounds import Late, Place, PutCache, ShardedExecutor, Summary
 from lowband.engine.rounds import place_of as shard_of
 from lowband.faults import RoundFaults
 from lowband.topology import RoundPlan
 
-__all__ = ["RayExecutor", "shard_of"]
+__all__ = ["LostWorkerError", "RayExecutor", "run_retrying", "shard_of"]
+
+#: what Ray raises when a machine, an actor or an object's owner is gone
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
+         ray.exceptions.WorkerCrashedError)
+
+
+def _lost(exc: BaseException) -> bool:
+    if isinstance(exc, _LOST):
+        return True
+    cause = getattr(exc, "cause", None)  # a task that failed because what it read was lost
+    return isinstance(exc, ray.exceptions.RayTaskError) and cause is not None and isinstance(cause, _LOST)
+
+
+def _alive_cpus() -> float:
+    """The CPUs of the cluster's live nodes (a node just lost may still count in
+    ``ray.cluster_resources()`` for a while: shards sized on it would wait forever)."""
+    try:
+        cpus = sum(float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive"))
+    except Exception:  # noqa: BLE001 - an older Ray: its own total
+        cpus = 0.0
+    return cpus or float(ray.cluster_resources().get("CPU", 1.0))
 
 
 # --------------------------------------------------------------------------- worker
@@ -75,6 +105,7 @@ class _Shard(Place):
 
     def info(self) -> dict[str, Any]:
         return {"shard": self.index, "pid": os.getpid(), "host": socket.gethostname(),
+                "ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
                 "nodes": len(self.nodes), "server": self.has_server, "threads": torch.get_num_threads(),
                 "cpu_s": time.process_time()}
 
@@ -120,7 +151,7 @@ class RayExecutor(ShardedExecutor):
             else:
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
             self.owns_ray = True
-        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        cpus = _alive_cpus()
         n = env.num_nodes
         self.num_workers = max(1, min(int(num_workers or max(1, int(cpus))), max(n, 1)))
         self.threads = int(threads or torch.get_num_threads())
@@ -146,7 +177,36 @@ class RayExecutor(ShardedExecutor):
         return getattr(self.workers[j], method).remote(*args)
 
     def _wait(self, handles: list[Any]) -> list[Any]:
-        return ray.get(handles)
+        return self._get(handles)
+
+    def _get(self, handles: list[Any]) -> list[Any]:
+        """``ray.get``, a lost worker said in one line (:class:`LostWorkerError`)."""
+        try:
+            return ray.get(handles)
+        except Exception as exc:  # noqa: BLE001 - only Ray's "lost" errors are turned into the one line
+            if not _lost(exc):
+                raise
+            raise LostWorkerError(self._what_was_lost(exc)) from None
+
+    def _what_was_lost(self, exc: BaseException) -> str:
+        alive = {}
+        try:
+            alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+        except Exception:  # noqa: BLE001 - the description is best effort
+            pass
+        info = list(getattr(self, "worker_info", []))
+        dead = [i for i in info if alive.get(i.get("node_id")) is False]
+        actor = getattr(getattr(exc, "cause", None) or exc, "actor_id", None)
+        if not dead and actor is not None:  # the actor's error comes before the node is marked dead
+            ids = [getattr(getattr(w, "_actor_id", None), "hex", lambda: None)() for w in self.workers]
+            dead = [i for i, a in zip(info, ids) if a is not None and a == actor]
+        shards = dead
+        where = "; ".join(f"shard {i['shard']} ({i['nodes']} nodes) on {i['host']} ({i.get('ip', '?')}, node "
+                          f"{str(i.get('node_id', '?'))[:8]})" for i in shards) if shards else "a shard's worker"
+        kind = type(getattr(exc, "cause", None) or exc).__name__
+        return (f"Ray lost {where} ({kind}: a machine or its worker process is gone); the run's last "
+                f"checkpoint is kept: `lowband run CONFIG --resume` continues it exactly (or set "
+                f"engine.retries to continue on the remaining machines by itself)")
 
     def _plan(self, plan: RoundPlan) -> Any:
         if self._plan_ref is None or self._plan_ref[0] is not plan:
@@ -181,12 +241,15 @@ class RayExecutor(ShardedExecutor):
                 spec, round, plan_ref, step.name, actors[j], codecs, seed, policy, faults, late, first, last,
                 per[j], *incoming))
         self._bundles = None if last else [list(o[1:]) for o in outs]
-        return ray.get([o[0] for o in outs])
+        return self._get([o[0] for o in outs])
 
     def close(self) -> None:
         """Stop the workers (and the local Ray runtime this executor started)."""
         for worker in self.workers:
-            ray.kill(worker)
+            try:
+                ray.kill(worker)
+            except Exception:  # noqa: BLE001 - an actor already lost with its machine
+                pass
         self.workers = []
         if self.owns_ray:
             ray.shutdown()

@@ -25,23 +25,16 @@ from typing import Any, Optional
 import torch
 
 from lowband.config.schema import Experiment
+from lowband.engine.runfiles import (MANIFEST_MARK, MANIFEST_NAME, DamagedFileError, Manifest, RunDirError,
+                                     disk_full, check_folder)
 from lowband.engine.runlock import LOCK_NAME, RunLock, lock_holder
 from lowband.metricdir import reaches
 
 
-class RunDirError(RuntimeError):
-    """The run folder cannot be used as asked (one line: what and how to fix)."""
-
-
-class DamagedLogError(RunDirError, ValueError):
+class DamagedLogError(DamagedFileError):
     """A run's metrics.jsonl or timing.jsonl is damaged before its end (:meth:`RunLog.read_jsonl`):
     ``path`` and ``problem`` (which line, what is wrong with it). A :class:`RunDirError`, so
     the CLI says it in one line (exit 2) and a resume refuses before it writes anything."""
-
-    def __init__(self, path: Path, problem: str):
-        self.path, self.problem = Path(path), problem
-        super().__init__(f"{path} is damaged ({problem}): restore the file, or move the run folder away and "
-                         f"run again")
 
 
 def _log_record(rec: Any) -> dict[str, Any]:
@@ -77,10 +70,16 @@ def fsync_dir(path: Path) -> None:
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (28, 122):  # ENOSPC, EDQUOT: one line naming the disk (lowband.engine.runfiles)
+            raise disk_full(path, len(data)) from None
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -150,6 +149,7 @@ def _comparable(toml_text: str, hyperparams: Optional[dict[str, Any]] = None) ->
         d["data"].pop("data_dir", None)  # recorded at all): a new machine keeps them elsewhere
     if isinstance(d.get("engine"), dict):  # where the step calls run (workers) changes no number
         d["engine"].pop("workers", None)
+        d["engine"].pop("retries", None)  # what happens when a machine is lost changes no number
         if not d["engine"]:
             d.pop("engine")
     return json.dumps(d, sort_keys=True)
@@ -244,6 +244,8 @@ class RunLog:
         self.timing_path = self.dir / "timing.jsonl"
         self.summary_path = self.dir / "summary.json"
         self.ckpt_path = self.dir / "checkpoint.pt"
+        #: what the run wrote, to check on read (lowband.engine.runfiles); set by :meth:`open`
+        self.manifest: Optional[Manifest] = None
         #: the folder's one-writer lock (lowband.engine.runlock), held from :meth:`open` to :meth:`release`
         self.lock = RunLock(self.dir)
 
@@ -266,9 +268,19 @@ class RunLog:
             except BaseException:
                 log.release()
                 raise
-            atomic_write_text(log.config_path, CONFIG_HEADER + exp.to_toml())
+            # a resume continues the manifest (checked by check()); a run saved before manifests
+            # gets one now, recording its files as they are (checked structurally by check())
+            log.manifest = Manifest.open(d) if resume else Manifest(d)
+            if resume:
+                for name in _UNRECORDED:
+                    if name not in log.manifest.files and (d / name).is_file():
+                        log.manifest.write_bytes(d / name, (d / name).read_bytes())
+            log.write_file(log.config_path, CONFIG_HEADER + MANIFEST_MARK + exp.to_toml())
             if not resume:  # (a resumed run keeps what it started with; check() compared it)
-                atomic_write_text(log.dir / HYPERPARAMS_NAME, json.dumps(resolved_hyperparams(exp), indent=1))
+                log.write_file(log.dir / HYPERPARAMS_NAME, json.dumps(resolved_hyperparams(exp), indent=1))
+        except RunDirError:
+            log.release()
+            raise
         except OSError as exc:
             log.release()
             raise RunDirError(f"run folder {d}: cannot write there ({exc.strerror or type(exc).__name__}); "
@@ -304,7 +316,10 @@ class RunLog:
         has_results = log.metrics_path.exists() or log.ckpt_path.exists() or log.summary_path.exists()
         if resume:
             if not log.config_path.exists():
+                if has_results:
+                    raise DamagedFileError(log.config_path, "missing, while the folder holds a run's results")
                 raise RunDirError(f"--resume: {d} holds no run (no config.toml); start it without --resume")
+            check_run(d)  # every file as the run wrote it, no hole in its logs (lowband.engine.runfiles)
             if not is_run_folder(d):
                 raise RunDirError(f"--resume: {log.config_path} was not written by lowband (no run there); "
                                   f"choose the run folder to resume with out_dir (or --out)")
@@ -361,11 +376,23 @@ class RunLog:
                   for r in self.read_jsonl(p) if isinstance(r.get("round"), int)]
         return max(rounds, default=0)
 
+    # -- writing (every file through the manifest) -----------------------------------
+    def _manifest(self) -> Manifest:
+        if self.manifest is None:  # a RunLog made without open(): writes into a folder it found
+            self.manifest = Manifest.open(self.dir)
+        return self.manifest
+
+    def write_file(self, path: Path, text: str | bytes) -> None:
+        """Replace ``path`` (a file of this run folder) atomically and record it in the manifest."""
+        self._manifest().write_bytes(Path(path), text.encode() if isinstance(text, str) else text)
+
+    def remove(self, path: Path) -> None:
+        """Delete ``path`` (a file of this run folder) and its record."""
+        self._manifest().remove(Path(path))
+
     # -- metrics -------------------------------------------------------------------
     def append(self, path: Path, rec: dict[str, Any]) -> None:
-        with open(path, "a") as f:
-            f.write(dumps_record(rec) + "\n")
-            f.flush()
+        self._manifest().append(Path(path), (dumps_record(rec) + "\n").encode())
 
     def log_metrics(self, rec: dict[str, Any]) -> None:
         self.append(self.metrics_path, rec)
@@ -389,7 +416,14 @@ class RunLog:
         after it), nor crash a report."""
         if not path.exists():
             return []
-        text = path.read_text()
+        try:
+            text = path.read_bytes().decode()
+        except IsADirectoryError:
+            raise DamagedLogError(path, "a folder where the run wrote a file") from None
+        except UnicodeDecodeError as exc:
+            raise DamagedLogError(path, f"byte {exc.start} is not UTF-8") from None
+        except OSError as exc:
+            raise DamagedLogError(path, f"cannot be read: {exc.strerror or type(exc).__name__}") from None
         lines = text.splitlines()
         out: dict[int, dict[str, Any]] = {}
         for i, line in enumerate(lines, 1):
@@ -418,37 +452,46 @@ class RunLog:
         """Drop metric/timing lines of rounds > ``round`` (used when resuming)."""
         for path in (self.metrics_path, self.timing_path):
             recs = [r for r in self.read_jsonl(path) if r.get("round", -1) <= round]
-            atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in recs))
+            self.write_file(path, "".join(dumps_record(r) + "\n" for r in recs))
 
     # -- checkpoint ----------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write the checkpoint durably: a temporary file, fsynced, renamed into place, and
         the folder fsynced, so a crash leaves either the old or the new checkpoint whole."""
-        tmp = self.ckpt_path.with_name(self.ckpt_path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.ckpt_path)
-        fsync_dir(self.dir)
+        self._manifest().replace(self.ckpt_path, lambda w: torch.save(state, w), lambda: _tensor_bytes(state))
 
     def load_checkpoint(self) -> Optional[dict[str, Any]]:
+        """The checkpoint (None: there is none), checked against the manifest first: a
+        flipped byte that torch would still load is refused, not continued from."""
         if not self.ckpt_path.exists():
             return None
+        check_folder(self.dir, names=["checkpoint.pt"])
         try:
             return torch.load(self.ckpt_path, map_location="cpu", weights_only=True)  # any device: moved by the run
         except Exception as exc:  # noqa: BLE001 - report any unreadable checkpoint in one line
-            raise RunDirError(f"{self.ckpt_path}: unreadable checkpoint ({type(exc).__name__}); "
-                              f"delete it to restart the run from round 0") from None
+            raise DamagedFileError(self.ckpt_path, f"unreadable checkpoint ({type(exc).__name__})",
+                                   "restore it from a copy, or move the run folder away and run the config "
+                                   "again (a new out_dir)") from None
+
+    def check_no_hole(self, round: int) -> None:
+        """Refuse a resume from a checkpoint of ``round`` when metrics.jsonl lacks an
+        evaluated round up to it (its lines were cut): continuing would leave a hole."""
+        want = _eval_rounds(self.dir, round)
+        have = {int(r["round"]) for r in self.metrics()}
+        missing = sorted(want - have)
+        if missing:
+            shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise DamagedLogError(self.metrics_path, f"the checkpoint is at round {round} and rounds {shown} are "
+                                                     f"not logged")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
+        self.write_file(self.summary_path, json.dumps(clean(summary), indent=2, allow_nan=False) + "\n")
 
     def write_ledger(self, ledger: Any) -> None:
         """``ledger.csv``: every ledger record of the run (see :mod:`lowband.ledgerfile`)."""
         from lowband.ledgerfile import LEDGER_FILE, ledger_columns, ledger_csv_text
 
-        atomic_write_text(self.dir / LEDGER_FILE, ledger_csv_text(ledger_columns(ledger)))
+        self.write_file(self.dir / LEDGER_FILE, ledger_csv_text(ledger_columns(ledger)))
 
 
 def _busy(d: Path, holder: str) -> str:
@@ -490,3 +533,119 @@ def summarize(metrics: list[dict[str, Any]], *, main: str, target: Optional[floa
     out["bytes_to_target"] = hit["bytes"] if hit else None
     out["declared_bytes_to_target"] = hit["declared_bytes"] if hit else None
     return clean(out)
+
+
+# --------------------------------------------------------------------------- checks on read
+
+#: files a resume of a folder saved before manifests records as they are (checked structurally)
+_UNRECORDED = ("hyperparams.json", "metrics.jsonl", "timing.jsonl", "summary.json", "ledger.csv", "checkpoint.pt")
+
+
+def _tensor_bytes(state: Any) -> int:
+    """About how many bytes ``state`` takes on disk (its tensors' sizes): the space a full disk lacked."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    return 64
+
+
+def _eval_settings(folder: Path) -> tuple[int, bool]:
+    """(eval.every, eval.at_round0) of the run saved in ``folder`` (config.toml, defaults 1 and true)."""
+    import tomllib
+
+    ev = tomllib.loads((Path(folder) / "config.toml").read_text()).get("eval", {})
+    every = ev.get("every", 1)
+    return (every if isinstance(every, int) and every >= 1 else 1), bool(ev.get("at_round0", True))
+
+
+def _eval_rounds(folder: Path, upto: int) -> set[int]:
+    """The rounds up to ``upto`` a run logs whatever its length: every ``eval.every``-th (and 0)."""
+    every, at0 = _eval_settings(folder)
+    return set(range(every, upto + 1, every)) | ({0} if at0 else set())
+
+
+def check_run(folder: Path) -> None:
+    """Everything a reader of a run folder relies on, or :class:`DamagedFileError` (one line
+    naming the file and what to do): the manifest's lengths and checksums
+    (:func:`lowband.engine.runfiles.check_folder`), config.toml a TOML file, strict logs
+    without a missing evaluated round, summary.json a JSON object whose last round is the
+    log's, and ledger.csv's byte totals those of the summary. The structural checks also
+    hold a folder saved before manifests existed to what it says of itself."""
+    import tomllib
+
+    d = Path(folder)
+    # each file's own form first (the most precise line: "line 2 is not JSON"), then the
+    # manifest (what only a checksum sees), then what the files say of each other
+    cfg = d / "config.toml"
+    if cfg.is_file():
+        try:
+            tomllib.loads(cfg.read_bytes().decode())
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise DamagedFileError(cfg, f"not a TOML file: {str(exc).splitlines()[0][:80]}") from None
+    elif any((d / n).exists() for n in ("metrics.jsonl", "summary.json", "checkpoint.pt")):
+        raise DamagedFileError(cfg, "missing, while the folder holds a run's results")
+    elif cfg.exists():
+        raise DamagedFileError(cfg, "a folder or special file where the run wrote a file")
+    hp = d / HYPERPARAMS_NAME
+    if hp.exists() and saved_hyperparams(d) is None:
+        raise DamagedFileError(hp, "it cannot be read as the run's hyperparameters, so whether a config continues "
+                                   "the same run cannot be told")
+    metrics = RunLog.read_jsonl(d / "metrics.jsonl")
+    RunLog.read_jsonl(d / "timing.jsonl")
+    check_folder(d)
+    if metrics and cfg.is_file():
+        every, _ = _eval_settings(d)
+        rounds = [int(r["round"]) for r in metrics]
+        for a, b in zip(rounds, rounds[1:]):
+            if (b - 1) // every > a // every:  # a multiple of eval.every between them was not logged
+                raise DamagedLogError(d / "metrics.jsonl", f"rounds {a} and {b} are logged and round "
+                                                           f"{(a // every + 1) * every} between them is not")
+    summary_path = d / "summary.json"
+    if not summary_path.exists():
+        return
+    try:
+        summary = json.loads(summary_path.read_bytes())
+        if not isinstance(summary, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(summary_path, f"not the JSON object lowband writes: {str(exc)[:80]}") from None
+    done = summary.get("rounds_completed")
+    if not metrics:
+        raise DamagedFileError(d / "metrics.jsonl", "missing or empty, while summary.json says the run finished")
+    if isinstance(done, int) and metrics[-1]["round"] != done:
+        raise DamagedLogError(d / "metrics.jsonl", f"it ends at round {metrics[-1]['round']} while summary.json "
+                                                   f"says the run completed round {done}")
+    _check_ledger(d, summary)
+
+
+def _check_ledger(d: Path, summary: dict[str, Any]) -> None:
+    """ledger.csv parses and its totals per direction are those summary.json reports."""
+    from lowband.ledgerfile import LEDGER_COLUMNS, LEDGER_FILE
+
+    path = d / LEDGER_FILE
+    if not path.exists():
+        return
+    import csv
+    import io
+
+    totals: dict[str, list[int]] = {}
+    try:
+        rows = csv.reader(io.StringIO(path.read_bytes().decode()))
+        if tuple(next(rows, ())) != LEDGER_COLUMNS:
+            raise ValueError("its header is not lowband's")
+        for i, row in enumerate(rows, 2):
+            if len(row) != len(LEDGER_COLUMNS):
+                raise ValueError(f"line {i} has {len(row)} fields")
+            t = totals.setdefault(row[3], [0, 0])
+            t[0] += int(row[5])
+            t[1] += int(row[6] or 0)
+    except (ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise DamagedFileError(path, str(exc)[:100]) from None
+    for direction in ("up", "down", "peer"):
+        want = summary.get(f"bytes_{direction}")
+        got = totals.get(direction, [0, 0])[0]
+        if isinstance(want, int) and want != got:
+            raise DamagedFileError(path, f"its {direction} bytes add up to {got} and summary.json reports {want}")

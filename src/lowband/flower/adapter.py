@@ -63,6 +63,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from lowband.algorithms.base import SERVER, Envelope, Outbox, Step
@@ -380,6 +381,8 @@ class _Pending:
 
 
 UNKNOWN_NODE = -2  # the sender of a reply from a node that was not asked (Rejection.src)
+#: Flower's error codes of a reply the SuperLink makes for a node that is gone
+_UNAVAILABLE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 
 
 class FlowerBackend:
@@ -479,10 +482,18 @@ class FlowerBackend:
                 for c, rec in content.items()]
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
         by_node = {nid: c for c, nid in self.node_ids.items()}
+        # the reply Flower makes for a node that is gone carries the SuperLink's id as its sender:
+        # it is matched by the message it answers, and the node is recorded as dead, not hostile
+        by_msg = {m.metadata.message_id: c for c, m in zip(content, msgs) if m.metadata.message_id}
         out: dict[int, Message] = {}
         seen: set[int] = set()
         errors: dict[int, str] = {}
         for rep in replies:
+            gone = by_msg.get(rep.metadata.reply_to_message_id)
+            if gone is not None and gone not in seen and rep.has_error() and rep.error.code in _UNAVAILABLE:
+                seen.add(gone)
+                self._reject("dead", gone, r, f"its SuperNode is gone (Flower: {str(rep.error.reason)[:80]})", into)
+                continue
             c = by_node.get(rep.metadata.src_node_id)
             if c is None or c not in content:
                 self._reject("sender", c if c is not None else f"node {rep.metadata.src_node_id}", r,
@@ -736,6 +747,8 @@ def server_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path]
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         exp = experiment if experiment is not None else experiment_from_run_config(context.run_config, base_dir)
-        FlowerRun(exp, grid, timeout=timeout).run()
+        # the reply deadline: run config "reply-timeout" (seconds), else the app's
+        wait = float(context.run_config.get("reply-timeout", timeout))
+        FlowerRun(exp, grid, timeout=wait).run()
 
     return app

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 REASONS: tuple[str, ...] = ("wire", "kind", "sender", "duplicate", "nonfinite", "shape", "dtype", "num_examples",
-                            "meta", "metrics", "error", "missing", "stale")
+                            "meta", "metrics", "error", "missing", "stale", "dead")
 
 UPLOAD_KINDS: frozenset[str] = frozenset({"weights", "delta", "control_delta", "packs", "dbe_mean", "logits"})
 """Lowband message kinds a server-family client sends up (every built-in algorithm's;

@@ -43,16 +43,23 @@ def _check_device(spec: str, present: bool) -> None:
         raise ConfigError(f"--device: {exc}") from None
 
 
-def _record_runs(store: Store, made: list[tuple[str, str]]) -> None:
-    """Put the record of each run folder made or reused (``(config, folder)``) in the store."""
+def _record_runs(store: Store, made: list[tuple[str, str]]) -> int:
+    """Put the record of each run folder made or reused (``(config, folder)``) in the store;
+    returns how many were damaged (each said in one line on stderr, and not recorded)."""
+    from lowband.engine.runlog import check_run
+
+    damaged = 0
     for cfg, folder in made:
-        if not (Path(folder) / "metrics.jsonl").is_file():
+        if not (Path(folder) / "metrics.jsonl").is_file() and not (Path(folder) / "manifest.json").is_file():
             continue
         try:
+            check_run(Path(folder))  # every file as the run wrote it (lowband.engine.runfiles)
             print(f"  record  {store.put(cfg, Path(folder))}")
-        except (OSError, ValueError) as exc:  # a damaged log: its record would be a shorter run
-            print(f"  warning: {folder} not recorded: {getattr(exc, 'problem', None) or exc}; restore the file, or "
-                  f"move the folder away and run the cell again", file=sys.stderr)
+        except (OSError, ValueError) as exc:  # a damaged file: its record would be another or a shorter run
+            damaged += 1
+            print(f"lowband: error: {exc if getattr(exc, 'path', None) else folder + ': ' + str(exc)} "
+                  f"(not recorded)", file=sys.stderr)
+    return damaged
 
 
 def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str]:
@@ -63,10 +70,18 @@ def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str
     from lowband.batch import seed_runs
     from lowband.reproduce.plan import _not_a_run_of, run_action
 
+    from lowband.engine.runlog import DamagedFileError, check_run
+
     plan = run_action(config, overrides, seed)
-    if plan.action == "skip":
+    damaged = False
+    if plan.action == "skip" and plan.dir.is_dir():
+        try:
+            check_run(plan.dir)
+        except DamagedFileError:
+            damaged = True  # said in one line, and counted, by _record_runs
+    if plan.action == "skip" and not damaged:
         print(f"  warning: {plan.reason}; not recorded", file=sys.stderr)
-    found = [plan.dir] if plan.action not in ("run", "skip") else []
+    found = [plan.dir] if plan.action not in ("run", "skip") or damaged else []
     base = plan.dir.parent if plan.dir.name.startswith("seed-") else plan.dir
     for folder in ([] if seed is not None else seed_runs(base)):
         foreign = _not_a_run_of(plan.exp, folder) if folder not in found else None
@@ -77,9 +92,10 @@ def _present(config: str, overrides: list[str], seed: Optional[int]) -> list[str
     return [str(f) for f in found]
 
 
-def _make(plan: list[tuple[str, Optional[int]]], overrides: list[str], store: Store, *, collect: bool) -> int:
+def _make(plan: list[tuple[str, Optional[int]]], overrides: list[str], store: Store, *,
+          collect: bool) -> tuple[int, int]:
     """Run (or, ``collect``, find) the planned runs and record them in the store; the number
-    of runs skipped."""
+    of runs skipped and of folders found damaged (not recorded)."""
     made: list[tuple[str, str]] = []
     skipped = 0
     for cfg, seed in plan:
@@ -89,8 +105,7 @@ def _make(plan: list[tuple[str, Optional[int]]], overrides: list[str], store: St
         folder = run_config(cfg, overrides, seed=seed)
         skipped += folder is None
         made += [(cfg, folder)] if folder else []
-    _record_runs(store, made)
-    return skipped
+    return skipped, _record_runs(store, made)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -117,7 +132,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("\n".join(dry_run(plan, overrides, Tabulator(store, overrides).runs)))
         return 0
-    skipped = 0 if args.render else _make(plan, overrides, store, collect=args.collect)
+    skipped, damaged = (0, 0) if args.render else _make(plan, overrides, store, collect=args.collect)
     md = table_markdown(args.paper, cells, store, overrides)
     out = output_path(args.out, args.paper)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +142,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     if skipped:
         print(f"{skipped} run(s) skipped (see above)", file=sys.stderr)
-    return 0
+    return 2 if damaged else 0
 
 
 def add_parser(sub: Any) -> None:

@@ -45,10 +45,11 @@ class Resume(Observer):
         if sim.resume:
             # no longer a finished run (a restart rewrites its rounds, an extension adds some):
             # a summary left from before would call it finished, and its rounds lost while it runs
-            log.summary_path.unlink(missing_ok=True)
+            log.remove(log.summary_path)  # (and its record in the manifest)
             ckpt = log.load_checkpoint()
         if ckpt is not None:
             run.start = int(ckpt["round"])
+            log.check_no_hole(run.start)  # metrics.jsonl holds every evaluated round up to it
             sim.executor.load_state_dict(ckpt["states"] if is_cpu(sim.device) else to_device(ckpt["states"], sim.device))
             sim.ledger.load_state_dict(ckpt["ledger"])
             load_codec_states(sim, ckpt.get("codecs", {}))
