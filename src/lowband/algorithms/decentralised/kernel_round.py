@@ -597,7 +597,11 @@ class KernelDFL(Algorithm):
         rs = ntk.residuals(fs, yt, hp.taus)
         pool = Pooled(members=sorted(members), sizes=[int(m["f0"].shape[0]) for m in parts], basis=basis, f0=f0,
                       y_hard=yh, lr=lr, fs=fs, rs=rs)
-        return ops.finish.after_evolution(ctx, state, pool)
+        new, out = ops.finish.after_evolution(ctx, state, pool)
+        # the own reply (SPARK: an n x C x k Jacobian, 8 MB at the paper's size) is used up:
+        # not held until the commit while the later groups' replies are in memory
+        new.pop("self_reply", None)
+        return new, out
 
     # -- step 5: commit -----------------------------------------------------------------
     def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
