@@ -5,17 +5,18 @@ NTK-DFL's (``ntk_dfl_a0.1.toml``) at ``--nodes`` nodes for ``--rounds`` rounds, 
 other in this process's children (each method in a fresh process), both serial
 (``engine.workers = 1``; SPARK's default is serial too) with torch's default threads, and
 reports for each: the base (resident memory once the federation, the nodes' states and
-SPARK's ``P`` are built, as round 1's first step starts), the peak resident memory of the whole process tree (sampled by
-:class:`_common.TreeRSS` every 0.1 s, and the process's own ``ru_maxrss``), every round's time,
-and the time per step kind (share / request / reply / update / commit); then SPARK's peak
+SPARK's ``P`` are built, as round 1's first step starts), the peak resident memory of the
+run's whole process tree (its process and any workers, sampled by :class:`_common.TreeRSS`
+every 0.1 s, at least the process's own ``ru_maxrss``; this measuring parent is not counted),
+every round's time, and the time per step kind (share / request / reply / update / commit); then SPARK's peak
 against ``base + xp_cache_mb + max_inflight_mb`` and its first round against NTK-DFL's, with
 the load average before and after.
 
     LOWBAND_DATA=../shared/data python benchmarks/spark_memory.py --nodes 100
     LOWBAND_DATA=../shared/data python benchmarks/spark_memory.py --nodes 300 --only spark
 
-Extra ``key=value`` arguments after ``--`` go to both runs (e.g. ``-- algorithm.xp_cache_mb=1000``
-applies to SPARK; NTK-DFL ignores no key silently, so give SPARK-only keys with ``--only spark``).
+Extra ``key=value`` arguments after ``--`` go to every run measured (NTK-DFL refuses SPARK's
+memory keys it does not read, so give those with ``--only spark``).
 """
 
 from __future__ import annotations
@@ -66,25 +67,24 @@ def child(config: str, overrides: list[str]) -> dict:
     rounds_mod.Place.step = timed
     sim = Simulation(validate(apply_overrides(load_toml(ROOT / config), overrides)))
     hp = sim.alg.hp
-    sim.run()
+    with TreeRSS(interval=0.1) as tree:  # this run's process and any workers it starts
+        sim.run()
     return {"base_kib": base[0], "peak_self_kib": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
+            "peak_tree_kib": max(tree.peak_kib, int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)),
             "round_s": per_round, "steps_s": steps, "groups": sim.alg.num_groups(sim.topology.plan(0)),
             "budgets_mb": {k: getattr(hp, k, None) for k in ("xp_cache_mb", "max_inflight_mb", "xp_cache_disk_mb")}}
 
 
 def measure(method: str, nodes: int, rounds: int, extra: list[str], out: Path) -> dict:
-    """``method`` in a child process, its whole tree's peak RSS sampled from here."""
+    """``method`` in a child process (which samples its own tree's peak RSS)."""
     overrides = [f"data.num_clients={nodes}", f"rounds={rounds}", "engine.workers=1",
                  f"out_dir={out / method}", *extra]
     result = out / f"{method}.json"
     cmd = [sys.executable, __file__, "--child", CONFIGS[method], "--result", str(result), "--", *overrides]
-    with TreeRSS(interval=0.1) as tree:
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-        wall = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     r = json.loads(result.read_text())
-    r["peak_tree_kib"] = tree.peak_kib
-    r["wall_s"] = wall
+    r["wall_s"] = time.perf_counter() - t
     return r
 
 

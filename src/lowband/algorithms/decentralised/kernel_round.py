@@ -104,7 +104,9 @@ class KernelDFLHP(Hyperparams):
     momentum: float = Field(0.0, ge=0, lt=1, description="Nesterov momentum mu across rounds (0: off)")
     sample_fraction: float = Field(1.0, gt=0, le=1, description="fraction of its samples each member uses per round")
     reply_groups: int = Field(0, ge=0, description="requester groups per round (0: from max_inflight_mb)")
-    max_inflight_mb: float = Field(2000.0, gt=0, description="memory budget of one group's Jacobian messages")
+    max_inflight_mb: float = Field(
+        2000.0, gt=0, description="memory budget (MB) of one requester group's Jacobian messages and the steps' "
+        "working memory: the process stays within its base (data, model, P) + xp_cache_mb + max_inflight_mb")
     update: Literal["subspace", "full"] = Field(
         "subspace", description="with a projection: subspace = dw = P dtheta, weights stay in w0 + Range(P) and "
         "nodes exchange k coordinates (paper eq. 16-17); full = P compresses the kernel only, each member "
