@@ -111,3 +111,19 @@ def test_disk_tier_is_written_behind_with_at_most_two_products_held(tmp_path: Pa
     paths = list(cache._paths)
     cache.close()
     assert not any(Path(p).exists() for p in paths)
+
+
+def test_a_forked_copy_forgets_its_parents_writes(tmp_path: Path) -> None:
+    """A worker forked while a write was under way has no writer thread: it must not wait on
+    the parent's write (it would wait for ever), and it writes its own products."""
+    from concurrent.futures import Future
+
+    cache = ntk_cache.XPCache(ram_mb=0.0, disk_mb=100.0, folder=str(tmp_path))
+    never: Future = Future()  # the parent's write, which never completes in the child
+    cache._pending = {"old": (b"", str(tmp_path / "parent"), torch.zeros(1), never)}
+    cache._writer_pid = -1  # as seen from a forked process
+    x = torch.ones(3, 2)
+    q = cache.get("new", x, lambda _x: torch.full((3, 4), 2.0))
+    cache.flush()
+    assert "old" not in cache._pending and "new" in cache.disk and torch.equal(q, torch.full((3, 4), 2.0))
+    cache.close()

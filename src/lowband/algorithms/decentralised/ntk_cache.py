@@ -129,6 +129,7 @@ class XPCache:
         #: key -> (fingerprint, file, the product, its write): written by one thread, in order
         self._pending: dict[Hashable, tuple[bytes, str, torch.Tensor, Future]] = {}
         self._writer: Optional[ThreadPoolExecutor] = None
+        self._writer_pid = os.getpid()
         self._finalizer = weakref.finalize(self, _remove_all, self._paths, os.getpid())
         self._swept = False
 
@@ -201,7 +202,11 @@ class XPCache:
         self._pending[key] = (fp, path, data, self._writer.submit(_write_file, path, data))
 
     def _reap(self) -> None:
-        """Move the products whose files are complete to the disk tier (a failed write raises)."""
+        """Move the products whose files are complete to the disk tier (a failed write raises).
+        A forked copy of the cache (a worker process) has no writer thread: it forgets the
+        writes its parent had under way (their files are the parent's) and starts its own."""
+        if self._writer_pid != os.getpid():
+            self._pending, self._writer, self._writer_pid = {}, None, os.getpid()
         for key in [k for k, v in self._pending.items() if v[3].done()]:
             fp, path, data, fut = self._pending.pop(key)
             fut.result()
