@@ -142,17 +142,22 @@ def place_of(node: int, num_nodes: int, num_places: int) -> int:
 
 def send(net: Network, round: int, outboxes: dict[int, Outbox], *, here: int = 0,
          where: Callable[[int], int] = lambda node: 0, num_places: int = 1, last: bool = False,
-         share: Callable[[bytes, int], Any] = lambda data, n: data) -> tuple[list[Record], list[Item], list[list[Item]]]:
+         share: Callable[[bytes, int], Any] = lambda data, n: data,
+         consume: bool = False) -> tuple[list[Record], list[Item], list[list[Item]]]:
     """Encode every outbox (senders in id order, entries in outbox order) with ``net``'s
     codecs: a broadcast is encoded once for all its receivers. Returns the ledger records,
     the messages for place ``here`` and, per place, those for the other places (``last``:
     the round's last step, whose messages nobody reads: records only). ``share(data, n)``
-    turns bytes going to ``n > 1`` other places into one shared handle (Ray's object store)."""
+    turns bytes going to ``n > 1`` other places into one shared handle (Ray's object store).
+    ``consume``: each sender's outbox is taken out of ``outboxes`` as it is encoded, so its
+    tensors are freed while the others are encoded (a step's messages are then held about
+    once, not as tensors and bytes together)."""
     records: list[Record] = []
     local: list[Item] = []
     bundles: list[list[Item]] = [[] for _ in range(num_places)]
     for src in sorted(outboxes):
-        for t in net.encode_outbox(round, src, outboxes[src].items):
+        items = outboxes.pop(src).items if consume else outboxes[src].items
+        for t in net.encode_outbox(round, src, items):
             if t.data is not None:
                 records.append(Record(t.src, t.index, t.dsts, t.direction, t.kind, len(t.data), t.declared))
             if last:
@@ -420,7 +425,7 @@ class Place:
         del self.ex.diverged[before:]
         records, self._local, bundles = send(
             net, round, outboxes, here=self.index, num_places=self.num_places, last=last, share=self.share,
-            where=self.where)
+            where=self.where, consume=True)
         return (Summary(records, net.rejections, diverged, net.acks), *[b or None for b in bundles])
 
     def run_step(self, spec: Any, round: int, plan: RoundPlan, name: str, actors: list[int],

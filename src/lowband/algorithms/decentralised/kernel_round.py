@@ -104,7 +104,9 @@ class KernelDFLHP(Hyperparams):
     momentum: float = Field(0.0, ge=0, lt=1, description="Nesterov momentum mu across rounds (0: off)")
     sample_fraction: float = Field(1.0, gt=0, le=1, description="fraction of its samples each member uses per round")
     reply_groups: int = Field(0, ge=0, description="requester groups per round (0: from max_inflight_mb)")
-    max_inflight_mb: float = Field(2000.0, gt=0, description="memory budget of one group's Jacobian messages")
+    max_inflight_mb: float = Field(
+        2000.0, gt=0, description="memory budget (MB) of one requester group's Jacobian messages and the steps' "
+        "working memory: the process stays within its base (data, model, P) + xp_cache_mb + max_inflight_mb")
     update: Literal["subspace", "full"] = Field(
         "subspace", description="with a projection: subspace = dw = P dtheta, weights stay in w0 + Range(P) and "
         "nodes exchange k coordinates (paper eq. 16-17); full = P compresses the kernel only, each member "
@@ -597,7 +599,11 @@ class KernelDFL(Algorithm):
         rs = ntk.residuals(fs, yt, hp.taus)
         pool = Pooled(members=sorted(members), sizes=[int(m["f0"].shape[0]) for m in parts], basis=basis, f0=f0,
                       y_hard=yh, lr=lr, fs=fs, rs=rs)
-        return ops.finish.after_evolution(ctx, state, pool)
+        new, out = ops.finish.after_evolution(ctx, state, pool)
+        # the own reply (SPARK: an n x C x k Jacobian, 8 MB at the paper's size) is used up:
+        # not held until the commit while the later groups' replies are in memory
+        new.pop("self_reply", None)
+        return new, out
 
     # -- step 5: commit -----------------------------------------------------------------
     def commit(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:

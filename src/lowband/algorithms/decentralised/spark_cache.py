@@ -9,7 +9,10 @@
   computes, once per process and round
   (:class:`~lowband.algorithms.decentralised.ntk_cache.LiftCache`).
 - :func:`memory_groups`: as many requester groups as keep one group's projected Jacobians
-  within ``max_inflight_mb`` (SPARK at the paper's size moves 12 GB of them per round).
+  and the steps' working memory within ``max_inflight_mb`` (SPARK at the paper's size moves
+  14 GB of them per round), so that the process stays within its base (data, model, ``P``)
+  plus ``xp_cache_mb`` plus ``max_inflight_mb`` (measured: benchmarks/README.md, "SPARK
+  within its memory budgets").
 
 Neither cache is state: a resumed run or a worker process rebuilds them (they pickle empty).
 """
@@ -63,12 +66,32 @@ class SparkCaches:
         return self.lifts.get(round, key, theta, lift)
 
 
-def memory_groups(hp: Any, plan: RoundPlan) -> int:
-    """As many requester groups as keep one group's projected Jacobians within ``max_inflight_mb``."""
+#: rows and classes per reply in the estimate (the paper's setting: ~200 samples x 10 classes)
+EST_ROWS, EST_CLASSES = 200, 10
+#: the share of ``max_inflight_mb`` kept for the steps' working memory beside the replies (an
+#: ``X P`` product being computed and two being written, a requester's stacked Jacobians, its
+#: kernel and evolution, the allocator's slack between freed and new message buffers). Half:
+#: at 100 nodes 0.4 kept the process within base + budgets but 0.12 GiB over 4 GiB, 0.2 over
+#: both (benchmarks/README.md, "SPARK within its memory budgets")
+WORKING_SHARE = 0.5
+
+
+def inflight_bytes(hp: Any, plan: RoundPlan) -> float:
+    """An estimate of the bytes of all the round's projected Jacobian replies: one per directed
+    edge and each requester's own. A step holds a group's replies about once: the engine
+    frees each sender's tensors as it encodes them (``send(consume=True)``), and each
+    received message's bytes as it decodes them; each requester's own reply is dropped
+    after its update."""
     n = len(plan.participants)
     edges = sum(len(v) for v in plan.neighbors.values())
-    # an estimate: ~200 samples x 10 classes per reply (the paper's setting), as many
-    # columns as coordinates (a concatenated layout: up to 3 k, e.g. 2.11 k for the MLP)
+    # as many columns as coordinates (a concatenated layout: up to 3 k, e.g. 2.11 k for the MLP)
     width = hp.k * (1 if hp.projection_layout == "sum" else 3)
-    est = edges * 200 * 10 * width * 4 * hp.sample_fraction
-    return max(1, min(n, int(math.ceil(est / (hp.max_inflight_mb * 1e6)))))
+    return (edges + n) * EST_ROWS * EST_CLASSES * width * 4 * hp.sample_fraction
+
+
+def memory_groups(hp: Any, plan: RoundPlan) -> int:
+    """As many requester groups as keep one group's projected Jacobians within the part of
+    ``max_inflight_mb`` left beside the steps' working memory (:data:`WORKING_SHARE`)."""
+    n = len(plan.participants)
+    room = (1.0 - WORKING_SHARE) * hp.max_inflight_mb * 1e6
+    return max(1, min(n, int(math.ceil(inflight_bytes(hp, plan) / room))))
