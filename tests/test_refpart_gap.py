@@ -23,7 +23,6 @@ size of the spread of single runs (the records), not a systematic shift beyond i
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 
 from lowband.config import validate
 from lowband.engine.simulator import Simulation
+from lowband.results.record import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "results" / "records" / "refpart"
@@ -45,8 +45,8 @@ AUTHORS_M30 = {1: (48.79, 58.63)}
 def _runs(*folders: str) -> list[dict[int, tuple[float, float]]]:
     out = []
     for folder in folders:
-        for d in sorted((RECORDS / folder).glob("s*")):
-            rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        for path in sorted((RECORDS / folder).glob("seed-*.jsonl*")):
+            rows = read_record(path).metrics
             out.append({r["round"]: (100 * r["node_global/acc"], 100 * r["consensus/acc"]) for r in rows})
     return out
 
