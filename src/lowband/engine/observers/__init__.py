@@ -32,11 +32,15 @@ def default_observers(sim: Any, *, traffic: Any, builder: Any, progress: Progres
     (it saves every observer's state after the round)."""
     exp = sim.exp
     faults = Faults.from_config(exp, sim.num_nodes)
-    link: Optional[LinkClock] = LinkClock.from_config(sim, builder) if exp.links is not None else None
+    link: Optional[Observer] = LinkClock.from_config(sim, builder) if exp.links is not None else None
+    if getattr(sim.alg, "event_clock", False):  # asynchronous: one round per arrival (lowband.asynchronous)
+        from lowband.asynchronous.clock import EventClock
+
+        link = EventClock.from_sim(sim, builder)
     obs: list[Optional[Observer]] = [
         Resume(),
         faults if faults.model.enabled else None,
-        link,
+        link,  # the link clock, or the event clock of an asynchronous run
         Diagnostics(),  # alg/* after time/*: the order of a metrics line
         Watches(traffic),
         Incidents(),
