@@ -49,7 +49,7 @@ def check(sim: Any) -> None:
     """Refuse, with one line, what the event clock cannot time (module docstring)."""
     exp, name = sim.exp, sim.alg.name
     t = exp.topology
-    set_keys = sorted(k for k in ("kind", "sampling", "fraction", "count", "schedule") if k in t.model_fields_set)
+    set_keys = [k for k in ("kind", "sampling", "fraction", "count", "schedule") if k in t.model_fields_set]
     if set_keys:
         raise ConfigError(f"topology.{set_keys[0]}: {name} starts its clients on the event clock (algorithm."
                           f"concurrency of them train at once); leave [topology] out")
