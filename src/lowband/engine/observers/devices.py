@@ -167,7 +167,8 @@ class Devices(Observer):
 
     # -- hooks -----------------------------------------------------------------------------
     def on_run_start(self, run: Run) -> None:
-        run.counters.declare("devices/departed")
+        if self.availability is not ALWAYS_ON:  # always on: nothing to count (the metrics stay today's)
+            run.counters.declare("devices/departed")
         for r in range(1, run.start + 1):  # a resume: everything below is a function of the ledger
             clock = links.replay_round(self.timer.model, run.sim.ledger, r, self.timer.elapsed(r - 1))
             self._account(run, r, clock)
@@ -200,7 +201,7 @@ class Devices(Observer):
 
     def on_eval(self, run: Run, rnd: Round, rec: dict[str, Any]) -> None:
         r = rnd.number
-        if r in self._available:
+        if r in self._available and self.availability is not ALWAYS_ON:
             rec["devices/available"] = self._available[r]
         if self.train_flops is not None:
             cum = self._compute_cum
@@ -223,5 +224,5 @@ class Devices(Observer):
             summary["energy_per_device_j"] = summary_stats(per)
             summary["energy_by_device_j"] = [float(x) for x in per]
         ok = [v for v in self._available.values()]
-        if ok:
+        if ok and self.availability is not ALWAYS_ON:
             summary["devices_available_mean"] = float(np.mean(ok))
