@@ -18,7 +18,7 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.message import SERVER
 from lowband.comm.network import Network
 from lowband.config.schema import ConfigError
-from lowband.devices.availability import ALWAYS_ON
+from lowband.engine.errors import config_errors
 
 __all__ = ["MessageSizes", "check", "clock_for"]
 
@@ -72,21 +72,30 @@ def check(sim: Any) -> None:
                           f"size after the event clock timed it)")
 
 
-def _availability(sim: Any) -> Any:
-    return getattr(sim, "availability", None) or ALWAYS_ON
-
-
 def clock_for(sim: Any, builder: Any) -> EventClock:
     """The event clock of ``sim`` (checked by :func:`check`): its link model (the ``[links]``
-    one, with each node's compute seconds), its availability, the algorithm's concurrency
-    and buffer size."""
+    one, with each node's compute seconds: ``[devices]`` rates where given), its availability
+    (``[devices.availability]``), each device's compute energy per job, the algorithm's
+    concurrency and buffer size."""
+    from lowband.comm.links import node_train_flops
+    from lowband.devices.build import availability_model, device_set
+
     check(sim)
+    exp, n = sim.exp, sim.num_nodes
+    with config_errors("devices"):
+        devices = device_set(exp, n)
+        availability = availability_model(exp, n)
     links: Optional[Any] = None
     sizes = None
-    if sim.exp.links is not None:
+    compute_j: Optional[list[float]] = None
+    if exp.links is not None:
         from lowband.engine.observers.linkclock import LinkClock
 
         links = LinkClock.from_config(sim, builder).timer.model
         sizes = MessageSizes(sim, builder)
-    return EventClock(sim.num_nodes, int(sim.alg.hp.concurrency), buffer_size=sim.alg.buffer_size,
-                      seed=sim.exp.seed, links=links, availability=_availability(sim), sizes=sizes)
+        if devices is not None and devices.has_energy:
+            flops = node_train_flops(hp=sim.alg.hp, n_train=[nd.n_train for nd in sim.fed.nodes], model_key=builder.key,
+                                     build=builder, input_shape=tuple(sim.fed.input_shape))
+            compute_j = [devices.compute_joules(i, flops[i]) for i in range(n)]
+    return EventClock(n, int(sim.alg.hp.concurrency), buffer_size=sim.alg.buffer_size, seed=exp.seed, links=links,
+                      availability=availability, sizes=sizes, compute_j=compute_j, devices=devices)

@@ -60,7 +60,8 @@ import numpy as np
 from lowband.asynchronous.plan import AsyncPlan
 from lowband.comm.links import LinkModel, transmit
 from lowband.comm.message import DIRECTIONS
-from lowband.devices.availability import ALWAYS_ON, Availability
+from lowband.devices.availability import ALWAYS_ON, AlwaysOn, Availability
+from lowband.devices.compute import class_counts, summary_stats
 from lowband.engine.observers.base import Observer, Round, Run
 from lowband.seeding import np_gen
 
@@ -83,6 +84,7 @@ class Job:
     lost_at: float = INF  #: the device went off before its upload arrived
     energy_down: float = 0.0  #: the client's radio energy receiving its download (J)
     energy_up: float = 0.0  #: the client's radio energy sending its upload (J; 0 when lost)
+    compute_j: float = 0.0  #: the device's compute energy of the job (J; a lost job: what it computed)
 
     @property
     def key(self) -> tuple[float, int, int]:
@@ -98,7 +100,8 @@ class EventClock(Observer):
 
     def __init__(self, num_nodes: int, concurrency: int, *, buffer_size: int = 1, seed: int = 0,
                  links: Optional[LinkModel] = None, availability: Availability = ALWAYS_ON,
-                 sizes: Optional[Callable[[int], tuple[int, int]]] = None):
+                 sizes: Optional[Callable[[int], tuple[int, int]]] = None,
+                 compute_j: Optional[list[float]] = None, devices: Any = None):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if links is not None and sizes is None:
@@ -106,6 +109,8 @@ class EventClock(Observer):
         self.num_nodes, self.concurrency = int(num_nodes), min(int(concurrency), int(num_nodes))
         self.buffer_size, self.seed = int(buffer_size), int(seed)
         self.links, self.availability, self.sizes = links, availability, sizes
+        #: each device's compute joules per job (None: no energy figure); its device set (summary)
+        self.compute_j, self.devices = compute_j, devices
         self._reset()
 
     def _reset(self) -> None:
@@ -120,8 +125,10 @@ class EventClock(Observer):
         self.staleness: list[int] = [-1]  #: staleness[r]: of round r's arrival (-1: none)
         self.histogram: dict[int, int] = {}
         self.lost = 0
+        self.node_j: dict[int, float] = {}  #: radio + compute joules per device (jobs that started)
+        self.compute_total = [0.0]  #: compute_total[r]: compute joules of rounds 1..r
         self._pending: Optional[AsyncPlan] = None
-        self._energy_round = 0.0  #: downloads started by the planned round
+        self._spent: tuple[float, float, dict[int, float]] = (0.0, 0.0, {})  #: the planned round's joules so far
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
@@ -150,6 +157,10 @@ class EventClock(Observer):
             if m.has_energy:
                 job.energy_down = float(prof.down.power_w) * tx.airtime  # type: ignore[arg-type]
             off = self.availability.next_off(node, t)
+            if self.compute_j is not None:  # a lost job spent what it computed before the device left
+                span = job.computed - job.downloaded
+                done = 1.0 if off >= job.computed else max(0.0, off - job.downloaded) / span if span > 0 else 0.0
+                job.compute_j = float(self.compute_j[node]) * done
             if off < job.arrival:  # the device leaves before its upload is through: the work is lost
                 job.lost_at, job.arrival = float(off), INF
             else:
@@ -165,11 +176,14 @@ class EventClock(Observer):
         t, k = self.now, 0
         dispatch: list[int] = []
         lost: list[int] = []
-        energy = 0.0
+        radio = compute = 0.0  # the round's joules: downloads started, what lost jobs computed
+        spent: dict[int, float] = {}  # the same per device
         while True:
             for job in sorted((j for j in self.jobs.values() if j.lost_at <= t),
                               key=lambda j: (j.lost_at, j.node, j.seq)):
                 lost.append(job.node)
+                compute += job.compute_j
+                spent[job.node] = spent.get(job.node, 0.0) + job.compute_j
                 del self.jobs[job.node]
             slots = self.concurrency - len(self.jobs)
             barred = set(dispatch) | set(lost)
@@ -184,7 +198,8 @@ class EventClock(Observer):
                     job = self._start(c, t)
                     self.jobs[c] = job
                     dispatch.append(c)
-                    energy += job.energy_down
+                    radio += job.energy_down
+                    spent[c] = spent.get(c, 0.0) + job.energy_down
             arriving = [j for j in self.jobs.values() if j.lost_at == INF]
             nxt = min(arriving, key=lambda j: j.key, default=None)
             change = min((j.lost_at for j in self.jobs.values() if j.lost_at < INF), default=INF)
@@ -198,7 +213,7 @@ class EventClock(Observer):
                 raise RuntimeError(f"async round {r}: no update can arrive any more (every device in flight was "
                                    f"lost and none comes on again at or after t = {t:g} s)")
             t = change
-        self._energy_round = energy
+        self._spent = (radio, compute, spent)
         self.lost += len(lost)
         arrivals = (nxt.node,)
         members = sorted(set(dispatch) | set(arrivals) | set(lost))
@@ -219,8 +234,14 @@ class EventClock(Observer):
             self.version += 1
         self.now = job.arrival
         self.times.append(job.arrival)
-        # the round's radio energy: the downloads it started (lost ones too), the upload that arrived
-        self.energy.append(self.energy[-1] + self._energy_round + job.energy_up)
+        # the round's energy: the downloads it started (lost ones too), what its lost jobs
+        # computed, and the arrived job's compute and upload
+        radio, compute, spent = self._spent
+        spent = {**spent, job.node: spent.get(job.node, 0.0) + job.energy_up + job.compute_j}
+        for node, e in spent.items():
+            self.node_j[node] = self.node_j.get(node, 0.0) + e
+        self.energy.append(self.energy[-1] + radio + job.energy_up)
+        self.compute_total.append(self.compute_total[-1] + compute + job.compute_j)
         self.staleness.append(s)
         return s
 
@@ -253,9 +274,14 @@ class EventClock(Observer):
         if self.links is not None and self.links.has_energy:
             out["energy/round_j"] = float(self.energy[r] - self.energy[r - 1]) if r >= 1 else 0.0
             out["energy/j"] = float(self.energy[min(r, len(self.energy) - 1)])
+        if self.compute_j is not None:
+            out["energy/compute_round_j"] = float(self.compute_total[r] - self.compute_total[r - 1]) if r >= 1 else 0.0
+            out["energy/compute_j"] = float(self.compute_total[r])
         if r >= 1:
             out["async/staleness"] = int(self.staleness[r])
         out["async/in_flight"] = len(self.jobs)
+        if not isinstance(self.availability, AlwaysOn):
+            out["devices/available"] = sum(self.availability.available(i, self.times[r]) for i in range(self.num_nodes))
         return out
 
     def summary(self, rounds: int, hit: Optional[int]) -> dict[str, Any]:
@@ -264,6 +290,16 @@ class EventClock(Observer):
         if self.links is not None and self.links.has_energy:
             out["energy_j"] = float(self.energy[-1])
             out["energy_to_target_j"] = float(self.energy[hit]) if hit is not None else None
+        if self.compute_j is not None:
+            out["energy_compute_j"] = float(self.compute_total[-1])
+        if self.devices is not None:
+            out["devices"] = class_counts(self.devices)
+        if self.links is not None:
+            out["compute_s_per_upload"] = summary_stats([self.links.compute(i) for i in range(self.num_nodes)])
+        if self.node_j:
+            per = [self.node_j.get(i, 0.0) for i in range(self.num_nodes)]
+            out["energy_per_device_j"] = summary_stats(per)
+            out["energy_by_device_j"] = per
         out["staleness_histogram"] = {str(s): n for s, n in sorted(self.histogram.items())}
         out["async"] = {"concurrency": self.concurrency, "buffer_size": self.buffer_size,
                         "server_updates": self.version, "arrivals": self.arrived, "lost": self.lost}
@@ -297,6 +333,7 @@ class EventClock(Observer):
             "jobs": [list(astuple(j)) for j in sorted(self.jobs.values(), key=lambda j: j.node)],
             "free": [[n, d, t] for (n, d), t in sorted(self.free.items())],
             "times": list(self.times), "energy": list(self.energy), "staleness": list(self.staleness),
+            "compute": list(self.compute_total), "node_j": [[n, e] for n, e in sorted(self.node_j.items())],
             "histogram": {str(s): n for s, n in sorted(self.histogram.items())}}}
 
     def restore(self, ckpt: dict[str, Any]) -> None:
@@ -313,4 +350,6 @@ class EventClock(Observer):
         self.times = [float(x) for x in st["times"]]
         self.energy = [float(x) for x in st["energy"]]
         self.staleness = [int(x) for x in st["staleness"]]
+        self.compute_total = [float(x) for x in st["compute"]]
+        self.node_j = {int(n): float(e) for n, e in st["node_j"]}
         self.histogram = {int(s): int(n) for s, n in st["histogram"].items()}
