@@ -310,3 +310,44 @@ def test_the_algorithm_refuses_a_plain_round_plan() -> None:
     alg = ALGORITHMS["fedasync"](ALGORITHMS["fedasync"].Hyperparams())
     with pytest.raises(ValueError, match="event clock"):
         alg.steps(1, build_topology("star", 4, 0, sampling="all").plan(0))
+
+
+def test_flower_export_refuses_the_event_clock(tmp_path: Path) -> None:
+    pytest.importorskip("flwr")
+    from lowband.flower.adapter import _check_exportable
+
+    sim = Simulation(validate(_async_config(tmp_path, "fedbuff", links=False)), write=False)
+    with pytest.raises(ValueError, match="event clock"):
+        _check_exportable(sim)
+
+
+# --------------------------------------------------------------------------- ranking by time
+def test_frontier_and_sweep_rank_by_time_to_target(tmp_path: Path) -> None:
+    """A sweep over FedAsync and FedBuff on the event clock: sweep.md and frontier rows carry
+    time to target and ranks by bytes and by time (1: cheapest)."""
+    from lowband.batch import run_sweep
+    from lowband.tradeoff import frontier_markdown, frontier_rows, FrontierCell
+
+    base = _async_config(tmp_path, "fedasync", rounds=6)
+    base["eval"] = {"target": 0.2, "protocols": ["global"], "main": "global/acc"}
+    base["algorithm"] = {k: v for k, v in base["algorithm"].items() if k != "buffer_size"}
+    out, cells = run_sweep(base, {"algorithm.concurrency": [1, 3]}, out=tmp_path / "sw", workers=1, progress=False)
+    md = (out / "sweep.md").read_text()
+    assert "rank (time to target)" in md and "time to target" in md
+    from lowband.report import sweep_rows
+
+    rows = sweep_rows(cells)
+    reached = [r for r in rows if r["time_to_target_s"] is not None]
+    assert reached and sorted(r["rank_time"] for r in reached)[0] == 1
+    fcells = [FrontierCell(f"c{i}", "fp32", cell=c) for i, c in enumerate(cells)]
+    frows = frontier_rows(fcells, None)
+    assert [r["rank_time"] for r in frows] == [r["rank_time"] for r in rows]
+    assert "rank (time to target)" in frontier_markdown(frows)
+
+
+def test_retime_refuses_an_asynchronous_run(tmp_path: Path) -> None:
+    from lowband.tradeoff import retime_run
+
+    res = Simulation(validate(_async_config(tmp_path, "fedasync", rounds=2))).run()
+    with pytest.raises(ConfigError, match="asynchronous"):
+        retime_run(res.run_dir, ["lte"])
