@@ -378,6 +378,10 @@ class LinkModel:
     #: "expected" transmissions per frame, or "sampled" from (seed, "links", round, row)
     retransmissions: str = "expected"
     seed: int = 0
+    #: relays (a hierarchy's gateways, ``alg.infrastructure``): their peer messages to and
+    #: from devices travel on the devices' links, and they forward once what they received
+    #: has arrived (see :meth:`RoundClock.transfer`)
+    relays: frozenset = frozenset()
 
     def profile(self, node: int) -> LinkProfile:
         return self.per_node.get(int(node), self.default)
@@ -410,15 +414,23 @@ class RoundClock:
         self.late = 0  # (message, receiver) pairs past the deadline
         self.energy_j = 0.0  # the nodes' radio energy of the round (the server's is not counted)
         self.energy_by_node: dict[int, float] = {}  # the same, per node
+        self.recv_done: dict[int, float] = {}  # relay -> when what it received so far arrived
 
     def transfer(self, src: int, dst: int, direction: str, nbytes: int) -> float:
         """Time the transfer ``src -> dst`` of ``nbytes``; returns its arrival time (seconds
         after the round start). With a deadline, a reply arriving later counts as late:
         :meth:`on_time` says whether to deliver it."""
         m = self.model
-        if direction == "down":
+        relays = m.relays
+        # a relay (a gateway) talks to its devices over *their* links: to a device on its
+        # downlink, from a device on its uplink; it forwards what it received (store and forward)
+        as_down = direction == "down" or (direction == "peer" and src in relays)
+        if as_down:
             link, d = dst, m.profile(dst).down
-            start = self.free.get((dst, "down"), 0.0)
+            start = max(self.free.get((dst, "down"), 0.0), self.recv_done.get(src, 0.0) if src in relays else 0.0)
+        elif src in relays:  # a relay's own uplink (to the cloud), once what it received has arrived
+            link, d = src, m.profile(src).up
+            start = max(self.recv_done.get(src, 0.0), self.free.get((src, "up"), 0.0))
         else:  # up, and peer on the sender's uplink
             link, d = src, m.profile(src).up
             ready = self.down_done.get(src, 0.0) + m.compute(src)
@@ -434,14 +446,18 @@ class RoundClock:
             e = float(d.power_w) * tx.airtime  # type: ignore[arg-type]
             self.energy_j += e
             self.energy_by_node[link] = self.energy_by_node.get(link, 0.0) + e
-            if direction == "peer":
+            if direction == "peer" and not as_down and dst not in relays:
                 e = float(m.profile(dst).down.power_w) * tx.airtime  # type: ignore[arg-type]
                 self.energy_j += e
                 self.energy_by_node[dst] = self.energy_by_node.get(dst, 0.0) + e
         arrival = tx.arrival - self.t0
-        self.free[(link, "down" if direction == "down" else "up")] = tx.free - self.t0
-        if direction == "down":
+        self.free[(link, "down" if as_down else "up")] = tx.free - self.t0
+        if dst in relays:
+            self.recv_done[dst] = max(self.recv_done.get(dst, 0.0), arrival)
+        if as_down:
             self.down_done[dst] = max(self.down_done.get(dst, 0.0), arrival)
+            if direction == "peer" and not self.on_time(arrival):
+                self.late += 1
         elif not self.on_time(arrival):
             self.late += 1
         self.end = max(self.end, arrival)
@@ -549,10 +565,12 @@ def configured_profiles(cfg: Any) -> tuple[LinkProfile, dict[int, LinkProfile]]:
     return default, per_node
 
 
-def build_link_model(cfg: Any, *, compute_s: Iterable[float], seed: int = 0) -> LinkModel:
-    """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds."""
+def build_link_model(cfg: Any, *, compute_s: Iterable[float], seed: int = 0, relays: Iterable[int] = ()) -> LinkModel:
+    """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds
+    (``relays``: the algorithm's gateways)."""
     default, per_node = configured_profiles(cfg)
-    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s, cfg.retransmissions, int(seed))
+    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s, cfg.retransmissions, int(seed),
+                     frozenset(int(i) for i in relays))
 
 
 def node_compute_seconds(cfg: Any, *, hp: Any, n_train: Sequence[int], model_key: Any, build: Any,

@@ -35,7 +35,9 @@ class LinkClock(Observer):
                 exp.links, hp=sim.alg.hp, n_train=[nd.n_train for nd in sim.fed.nodes], model_key=builder.key,
                 build=builder, input_shape=tuple(sim.fed.input_shape),
                 device_flops=devices.flops if devices is not None else None)
-            return cls(links.LinkTimer(links.build_link_model(exp.links, compute_s=compute, seed=exp.seed)))
+            relays = getattr(sim.alg, "infrastructure", ()) or ()  # a hierarchy's gateways
+            return cls(links.LinkTimer(links.build_link_model(exp.links, compute_s=compute, seed=exp.seed,
+                                                              relays=relays)))
 
     @property
     def deadline(self) -> bool:
