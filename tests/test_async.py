@@ -234,7 +234,9 @@ def test_killed_async_run_resumes_to_identical_metrics(tmp_path: Path, name: str
         pass
 
     def cfg(sub: str) -> dict:
-        return {**_async_config(tmp_path / sub, name, rounds=8), "checkpoint_every": 3}
+        c = {**_async_config(tmp_path / sub, name, rounds=8), "checkpoint_every": 3}
+        c["links"].update(retransmissions="sampled", up={"loss": 0.2})  # drawn per job: must resume too
+        return c
 
     full = validate(cfg("full"))
     _sim(full).run()
@@ -285,7 +287,6 @@ def test_fedasync_alpha_one_one_client_is_sequential_fedavg(tmp_path: Path) -> N
 @pytest.mark.parametrize("extra,key", [
     ({"topology": {"kind": "star", "sampling": "count", "count": 4}}, "topology.kind"),
     ({"links": {"preset": "nbiot", "deadline_s": 60.0}}, "links.deadline_s"),
-    ({"links": {"preset": "nbiot", "retransmissions": "sampled"}}, "links.retransmissions"),
     ({"faults": {"dropout": 0.2}}, "faults"),
 ])
 def test_what_the_clock_cannot_time_is_refused_with_one_line(tmp_path: Path, extra: dict, key: str) -> None:

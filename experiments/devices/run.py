@@ -62,6 +62,12 @@ LOSS = 0.1
 #: the per-round deadline of the "deadline" cells: the 70th percentile of the reply arrival
 #: times in the first rounds of the cells without one (measured; see the page)
 DEADLINE_S = {"nbiot": 55.0, "lorawan_sf7": 37900.0}
+#: arrivals of the asynchronous cells (one round = one update from one device): FedAvg's 100
+#: rounds train 1,000 client updates, and so do the asynchronous cells
+ASYNC_ROUNDS = 1000
+#: methods on the event clock: no [topology] (the clock starts the devices), eval every 25 arrivals
+ASYNC = ("fedasync", "fedbuff")
+ASYNC_EVAL_EVERY = 25
 #: HierFAVG's five gateways reach the cloud over LTE (its preset has radio power figures)
 GATEWAY_LINK = "lte"
 
@@ -88,6 +94,11 @@ def _cells() -> list[Cell]:
         # the paper's setting: every device takes part in every cloud round (absent ones excepted)
         out.append(Cell(f"{link}/hierfavg", link, {"name": "hierfavg", "edges": 5},
                         {"topology": {"kind": "star", "sampling": "all"}}, gateways=5))
+        # asynchronous on the event clock (docs/async.md): ten devices training at once, as
+        # FedAvg's ten per round; one round = one arrival, so ASYNC_ROUNDS arrivals
+        for alg in ({"name": "fedasync", "concurrency": 10},
+                    {"name": "fedbuff", "concurrency": 10, "buffer_size": 10}):
+            out.append(Cell(f"{link}/{alg['name']}", link, alg, {"rounds": ASYNC_ROUNDS}))
     return out
 
 
@@ -128,7 +139,7 @@ def config(cell: Cell) -> dict[str, Any]:
                  "min_size": 20, "split": [0.75, 0.0, 0.25]},
         "model": {"name": "mlp", "hidden": 32},
         "algorithm": dict(cell.algorithm),
-        "topology": {"kind": "star", "sampling": "count", "count": 10},
+        **({} if cell.algorithm["name"] in ASYNC else {"topology": {"kind": "star", "sampling": "count", "count": 10}}),
         "eval": {"protocols": ["global"], "main": "global/acc", "every": EVAL_EVERY, "target": TARGET},
         "links": links,
         "devices": {"mix": dict(MIX), "spread": SPREAD,
@@ -137,6 +148,9 @@ def config(cell: Cell) -> dict[str, Any]:
     for k, v in cell.extra.items():
         if k != "links":
             cfg[k] = v
+    if cell.algorithm["name"] in ASYNC:
+        cfg["eval"]["every"] = ASYNC_EVAL_EVERY
+        cfg["checkpoint_every"] = ASYNC_EVAL_EVERY
     return cfg
 
 

@@ -4,8 +4,7 @@ simulation, and the one-line refusals of what an asynchronous run cannot serve.
 Refused before anything is written (``ConfigError``, exit 2): ``[topology]`` keys (the
 clock, not a sampler, starts clients: ``algorithm.concurrency``), ``[faults]`` (devices
 come and go through availability instead), ``links.deadline_s`` (no round waits, so no
-round has a deadline), ``links.retransmissions = "sampled"`` (a job is timed when it starts),
-``[dp]`` and ``[secagg]`` (their accounting and masks are per synchronous cohort) and the
+round has a deadline), ``[dp]`` and ``[secagg]`` (their accounting and masks are per synchronous cohort) and the
 freshness stamp (its round number changes a message's size after the clock timed it).
 """
 
@@ -63,9 +62,6 @@ def check(sim: Any) -> None:
                           f"cohort); leave [{key}] out")
     if exp.links is not None and exp.links.deadline_s is not None:
         raise ConfigError(f"links.deadline_s: {name} never waits for a round, so no round has a deadline; drop it")
-    if exp.links is not None and exp.links.retransmissions != "expected":
-        raise ConfigError(f"links.retransmissions: {name} times each job when it starts, with the expected "
-                          f"retransmissions; use \"expected\"")
     v = sim.network.validator
     if v is not None and v.policy.freshness:
         raise ConfigError(f"comm: {name} cannot carry the freshness stamp (its round number changes a message's "

@@ -13,7 +13,9 @@ evaluate -> record), because **one driver round is one arrival**:
    A job's times are fixed when it starts: its download starts when the client's downlink
    is free, its compute (``LinkModel.compute``) when the download has arrived, its upload
    when the compute is done and its uplink is free (:func:`lowband.comm.links.transmit`:
-   frames, duty-cycle silences, contact windows, expected retransmissions);
+   frames, duty-cycle silences, contact windows, retransmissions: expected, or with
+   ``links.retransmissions = "sampled"`` drawn per frame from ``np_gen(seed, "links",
+   "async", dispatch number, direction)``);
 2. *loss*: a device that goes off (``Availability.next_off``) before its upload has arrived
    loses its work: the download it received stays in the ledger, its upload is never
    made, its slot frees at the moment it went off, and it is not dispatched again within
@@ -58,7 +60,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from lowband.asynchronous.plan import AsyncPlan
-from lowband.comm.links import LinkModel, transmit
+from lowband.comm.links import LinkModel, sample_attempts, transmit
 from lowband.comm.message import DIRECTIONS
 from lowband.devices.availability import ALWAYS_ON, AlwaysOn, Availability
 from lowband.devices.compute import class_counts, summary_stats
@@ -149,10 +151,12 @@ class EventClock(Observer):
         else:
             prof = m.profile(node)
             down_b, up_b = self.sizes(node)  # type: ignore[misc]
-            tx = transmit(prof.down, down_b, max(t, self.free.get((node, "down"), 0.0)), prof.windows)
+            tx = transmit(prof.down, down_b, max(t, self.free.get((node, "down"), 0.0)), prof.windows,
+                          self._attempts(prof.down, down_b, "down"))
             self.free[(node, "down")] = tx.free
             computed = tx.arrival + m.compute(node)
-            ux = transmit(prof.up, up_b, max(computed, self.free.get((node, "up"), 0.0)), prof.windows)
+            ux = transmit(prof.up, up_b, max(computed, self.free.get((node, "up"), 0.0)), prof.windows,
+                          self._attempts(prof.up, up_b, "up"))
             job = Job(node, self.seq, self.version, t, tx.arrival, computed, ux.arrival)
             if m.has_energy:
                 job.energy_down = float(prof.down.power_w) * tx.airtime  # type: ignore[arg-type]
@@ -168,6 +172,15 @@ class EventClock(Observer):
                 if m.has_energy:
                     job.energy_up = float(prof.up.power_w) * ux.airtime  # type: ignore[arg-type]
         return job
+
+    def _attempts(self, d: Any, nbytes: int, direction: str) -> Optional[np.ndarray]:
+        """Each frame's transmissions with ``links.retransmissions = "sampled"`` (geometric,
+        from a generator addressed by the job's dispatch number and direction); None: the
+        expectation."""
+        m = self.links
+        if m is None or m.retransmissions != "sampled" or d.loss <= 0:
+            return None
+        return sample_attempts(d, nbytes, np_gen(m.seed, "links", "async", self.seq, direction))
 
     # -- one round ---------------------------------------------------------------------------
     def plan(self, r: int) -> AsyncPlan:
