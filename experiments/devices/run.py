@@ -14,6 +14,7 @@ Usage (from the repository root)::
     python experiments/devices/run.py configs         # write experiments/devices/configs/*.toml
     python experiments/devices/run.py run [CELL ...]  # run them (resumable), record them
     python experiments/devices/run.py render          # docs/results/devices.md's tables, from the store
+    python experiments/devices/run.py render-async    # the asynchronous cells' table (staleness, lost jobs)
 
 Runs go to ``runs/devices/<cell>`` (``LOWBAND_RUNS`` to move them); their records to
 ``docs/results/records/devices/``.
@@ -240,7 +241,37 @@ def render() -> str:
     return "\n".join(lines + curve)
 
 
+def render_async() -> str:
+    """The asynchronous cells' own table (event clock: staleness, lost jobs), from the records."""
+    recs = _records()
+    lines = ["| cell | arrivals | server updates | final acc | time to {:.0f}% | bytes to {:.0f}% (MB) | simulated time "
+             "| bytes (MB) | staleness median / max | jobs lost | energy per device, mean / max (J) |"
+             .format(100 * TARGET, 100 * TARGET), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cell in CELLS:
+        rec = recs.get(cell.name)
+        if cell.algorithm["name"] not in ASYNC:
+            continue
+        if rec is None:
+            lines.append(f"| {cell.name} | not run | | | | | | | | | |")
+            continue
+        s = rec.header["summary"]
+        hist = {int(k): v for k, v in s["staleness_histogram"].items()}
+        seq = [k for k in sorted(hist) for _ in range(hist[k])]
+        btt = s.get("bytes_to_target")
+        e = s.get("energy_per_device_j") or {}
+        lines.append(
+            f"| {cell.name} | {s['async']['arrivals']} | {s['async']['server_updates']} | "
+            f"{100 * s['final']['global/acc']:.2f}% | {_fmt_h(s.get('time_to_target_s'))} | "
+            f"{'not reached' if btt is None else f'{btt / 1e6:.2f}'} | {_fmt_h(s.get('sim_time_s'))} | "
+            f"{s['final']['bytes/total'] / 1e6:.2f} | {seq[len(seq) // 2]} / {max(seq)} | {s['async']['lost']} | "
+            f"{e.get('mean', float('nan')):.1f} / {e.get('max', float('nan')):.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "render-async":
+        print(render_async())
+        return 0
     if not argv or argv[0] not in ("configs", "run", "render"):
         print(__doc__)
         return 2
