@@ -262,7 +262,8 @@ def test_client_errors_are_counted_until_every_client_fails(tmp_path: Path, task
 def test_every_server_algorithm_passes_validation(tmp_path: Path, task_identity) -> None:
     """No honest reply of any server-family algorithm is rejected (same metrics as
     lowband), and UPLOAD_KINDS holds every kind they send up."""
-    names = [n for n, c in ALGORITHMS.items() if c.family == "server"]
+    # (FedAsync and FedBuff run on the event clock, which the adapter refuses: tests/test_async.py)
+    names = [n for n, c in ALGORITHMS.items() if c.family == "server" and not getattr(c, "event_clock", False)]
     assert len(names) >= 10
     for name in names:
         cfg = _config(tmp_path, name, name, rounds=1)

@@ -147,6 +147,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("links: ([links] preset = NAME; figures and sources in docs/user-guide.md, \"Link models\")")
         for name, p in PRESETS.items():
             print(f"  {name:<14} {p.description}\n      {describe(p)}")
+    if what in (None, "devices"):
+        from lowband.devices.compute import CLASSES
+
+        print("devices: ([devices] mix = { NAME = share, ... }; figures and sources in docs/devices.md)")
+        for name, c in CLASSES.items():
+            print(f"  {name:<12} {c.description}\n      {c.flops:.4g} FLOP/s, {c.power_w:.4g} W, "
+                  f"{c.joules_per_flop * 1e12:.4g} pJ/FLOP")
     if what in (None, "privacy"):
         from lowband.config.schema import DPConfig, SecAggConfig
         from lowband.privacy.central import CENTRAL_DP_RELEASES
@@ -331,9 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_compare)
 
     ls = sub.add_parser("list", help="datasets, models, algorithms (with hyperparameters), codecs, topologies, "
-                                     "link presets")
+                                     "link presets, device classes")
     ls.add_argument("what", nargs="?", choices=["datasets", "models", "algorithms", "codecs", "topologies", "server_opts",
-                                                    "links", "privacy"])
+                                                    "links", "devices", "privacy"])
     ls.set_defaults(fn=cmd_list)
 
     d = sub.add_parser("demo", help="several algorithms on the embedded digits data (no files needed)")

@@ -419,8 +419,16 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         eps = [x.get("dp/epsilon", x.get("dp/local_epsilon")) for x in sums]
         if any(e is not None for e in eps):  # a [dp] run: the epsilon it spent beside its bytes
             row["epsilon"] = stats(eps)["mean"]
+        if any(x.get("sim_time_s") is not None for x in sums):  # [links] or the event clock: time beside bytes
+            row["sim_time_s"] = stats(x.get("sim_time_s") for x in sums)["mean"]
+            row["time_to_target_s"] = stats(x.get("time_to_target_s") for x in sums)["mean"]
         row["dir"] = c.dir.name
         rows.append(row)
+    if any("time_to_target_s" in r for r in rows):  # ranked by what reaching the target cost (1: cheapest)
+        for key, cost in (("rank_bytes", "bytes_to_target"), ("rank_time", "time_to_target_s")):
+            got = sorted(r[cost] for r in rows if r.get(cost) is not None)
+            for r in rows:
+                r[key] = None if r.get(cost) is None else got.index(r[cost]) + 1
     return rows
 
 
@@ -432,6 +440,9 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
     private = any("epsilon" in r for r in rows)
     if private:
         head.insert(-1, "epsilon")
+    timed = any("time_to_target_s" in r for r in rows)
+    if timed:
+        head[-1:-1] = ["sim time", "time to target", "rank (bytes to target)", "rank (time to target)"]
     head = [h for h in head if h is not None]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -450,6 +461,11 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
                  fmt_bytes(r["bytes_peer"]), str(r["n"])]
         if private:
             cells.insert(-1, "-" if r.get("epsilon") is None else f"{r['epsilon']:.3g}")
+        if timed:
+            from lowband.comm.links import format_seconds
+
+            cells[-1:-1] = [*("-" if r.get(k) is None else format_seconds(r[k]) for k in ("sim_time_s", "time_to_target_s")),
+                            *("-" if r.get(k) is None else str(r[k]) for k in ("rank_bytes", "rank_time"))]
         lines.append("| " + " | ".join(c for c in cells if c is not None) + " |")
     if multi and any(r.get("final_ci_clipped") for r in rows):
         lines.append("")

@@ -280,6 +280,11 @@ def frontier_rows(cells: Sequence[FrontierCell], seeds: Optional[Sequence[int]])
     for r, b, t in zip(rows, by_bytes, by_time):
         r["pareto_bytes"] = b
         r["pareto_time"] = t if r.get("sim_time_s") is not None else None
+    # the cells ranked by what reaching the target cost (1: cheapest; None: not reached):
+    # on the link and event clocks the order by time can differ from the order by bytes
+    for key, cost in (("rank_bytes", "bytes_to_target"), ("rank_time", "time_to_target_s")):
+        for r, k in zip(rows, _rank([r.get(cost) for r in rows])):
+            r[key] = k
     return rows
 
 
@@ -291,7 +296,8 @@ def _epsilon(summary: dict[str, Any]) -> Optional[float]:
 
 CSV_COLUMNS = ["method", "codec", "status", "reason", "notes", "seeds", "n", "metric", "final", "final_std",
                "bytes_up", "bytes_total", "target", "rounds_to_target", "reached", "bytes_to_target",
-               "sim_time_s", "time_to_target_s", "epsilon", "secagg_bytes", "pareto_bytes", "pareto_time", "dir"]
+               "sim_time_s", "time_to_target_s", "epsilon", "secagg_bytes", "pareto_bytes", "pareto_time", "rank_bytes",
+               "rank_time", "dir"]
 
 
 def _fmt_s(v: Optional[float]) -> str:
@@ -315,7 +321,8 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
     private = any(r.get("epsilon") is not None for r in rows)
     if private:
         head += ["epsilon"]
-    head += ["Pareto (bytes)"] + (["Pareto (time)"] if timed else []) + ["n"]
+    head += ["Pareto (bytes)"] + (["Pareto (time)", "rank (bytes to target)", "rank (time to target)"]
+                                  if timed else []) + ["n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     skipped = []
     for r in rows:
@@ -336,7 +343,10 @@ def frontier_markdown(rows: Sequence[dict[str, Any]]) -> str:
             cells += [_fmt_s(r["sim_time_s"]), _fmt_s(r["time_to_target_s"])]
         if private:
             cells += ["-" if r.get("epsilon") is None else f"{r['epsilon']:.3g}"]
-        cells += ["*" if r["pareto_bytes"] else ""] + (["*" if r["pareto_time"] else ""] if timed else [])
+        cells += ["*" if r["pareto_bytes"] else ""]
+        if timed:
+            cells += ["*" if r["pareto_time"] else "", *("-" if r.get(k) is None else str(r[k])
+                                                          for k in ("rank_bytes", "rank_time"))]
         cells.append(str(r["n"]))
         lines.append("| " + " | ".join(cells) + " |")
     bound = "at least" if higher_is_better(metric) else "at most"
@@ -519,6 +529,13 @@ def retime_run(run_dir: str | Path, presets: Sequence[str], data_dir: Optional[s
         raise ConfigError(f"retime: unknown link preset {bad[0] if bad else ''!r}; available: {', '.join(lk.PRESETS)}")
     raw = tomllib.loads((d / "config.toml").read_text())
     old = raw.get("links") or {}
+    from lowband.algorithms import ALGORITHMS
+
+    alg = ALGORITHMS.get(str((raw.get("algorithm") or {}).get("name", "")))
+    if alg is not None and getattr(alg, "event_clock", False):
+        raise ConfigError(f"retime: {d} is an asynchronous run: which update arrived when depends on its own link "
+                          f"and devices (the event clock), so its ledger cannot be re-timed on another link; "
+                          f"run it again with that link")
     if old.get("deadline_s") is not None:
         raise ConfigError(f"retime: {d} ran with links.deadline_s, which dropped replies by its own link's "
                           f"timing; its ledger cannot be re-timed on another link")

@@ -341,9 +341,13 @@ def forward_flops(model: Any, input_shape: Sequence[int]) -> int:
 
 
 def samples_per_round(hp: Any, n_train: int) -> int:
-    """Training samples a node processes in one round, estimated from the algorithm's
-    hyperparameters: ``local_epochs x n_train``, else ``iterations x batch_size``, else one
-    pass over ``n_train``."""
+    """Training samples a node processes between a download and its upload, estimated from
+    the algorithm's hyperparameters: the hyperparameters' own ``samples_per_upload(n_train)``
+    where they define it (an algorithm with several uploads per round, HierFAVG), else
+    ``local_epochs x n_train``, else ``iterations x batch_size``, else one pass over ``n_train``."""
+    own = getattr(hp, "samples_per_upload", None)
+    if callable(own):
+        return int(own(int(n_train)))
     if hasattr(hp, "local_epochs"):
         return int(hp.local_epochs) * int(n_train)
     if hasattr(hp, "iterations") and hasattr(hp, "batch_size"):
@@ -374,6 +378,10 @@ class LinkModel:
     #: "expected" transmissions per frame, or "sampled" from (seed, "links", round, row)
     retransmissions: str = "expected"
     seed: int = 0
+    #: relays (a hierarchy's gateways, ``alg.infrastructure``): their peer messages to and
+    #: from devices travel on the devices' links, and they forward once what they received
+    #: has arrived (see :meth:`RoundClock.transfer`)
+    relays: frozenset = frozenset()
 
     def profile(self, node: int) -> LinkProfile:
         return self.per_node.get(int(node), self.default)
@@ -405,15 +413,24 @@ class RoundClock:
         self.end = 0.0
         self.late = 0  # (message, receiver) pairs past the deadline
         self.energy_j = 0.0  # the nodes' radio energy of the round (the server's is not counted)
+        self.energy_by_node: dict[int, float] = {}  # the same, per node
+        self.recv_done: dict[int, float] = {}  # relay -> when what it received so far arrived
 
     def transfer(self, src: int, dst: int, direction: str, nbytes: int) -> float:
         """Time the transfer ``src -> dst`` of ``nbytes``; returns its arrival time (seconds
         after the round start). With a deadline, a reply arriving later counts as late:
         :meth:`on_time` says whether to deliver it."""
         m = self.model
-        if direction == "down":
+        relays = m.relays
+        # a relay (a gateway) talks to its devices over *their* links: to a device on its
+        # downlink, from a device on its uplink; it forwards what it received (store and forward)
+        as_down = direction == "down" or (direction == "peer" and src in relays)
+        if as_down:
             link, d = dst, m.profile(dst).down
-            start = self.free.get((dst, "down"), 0.0)
+            start = max(self.free.get((dst, "down"), 0.0), self.recv_done.get(src, 0.0) if src in relays else 0.0)
+        elif src in relays:  # a relay's own uplink (to the cloud), once what it received has arrived
+            link, d = src, m.profile(src).up
+            start = max(self.recv_done.get(src, 0.0), self.free.get((src, "up"), 0.0))
         else:  # up, and peer on the sender's uplink
             link, d = src, m.profile(src).up
             ready = self.down_done.get(src, 0.0) + m.compute(src)
@@ -426,13 +443,21 @@ class RoundClock:
         self.rows += 1
         tx = transmit(d, nbytes, self.t0 + start, m.profile(link).windows, attempts)
         if m.has_energy:  # the node's radio: sending (up, peer) or receiving (down, peer)
-            self.energy_j += float(d.power_w) * tx.airtime  # type: ignore[arg-type]
-            if direction == "peer":
-                self.energy_j += float(m.profile(dst).down.power_w) * tx.airtime  # type: ignore[arg-type]
+            e = float(d.power_w) * tx.airtime  # type: ignore[arg-type]
+            self.energy_j += e
+            self.energy_by_node[link] = self.energy_by_node.get(link, 0.0) + e
+            if direction == "peer" and not as_down and dst not in relays:
+                e = float(m.profile(dst).down.power_w) * tx.airtime  # type: ignore[arg-type]
+                self.energy_j += e
+                self.energy_by_node[dst] = self.energy_by_node.get(dst, 0.0) + e
         arrival = tx.arrival - self.t0
-        self.free[(link, "down" if direction == "down" else "up")] = tx.free - self.t0
-        if direction == "down":
+        self.free[(link, "down" if as_down else "up")] = tx.free - self.t0
+        if dst in relays:
+            self.recv_done[dst] = max(self.recv_done.get(dst, 0.0), arrival)
+        if as_down:
             self.down_done[dst] = max(self.down_done.get(dst, 0.0), arrival)
+            if direction == "peer" and not self.on_time(arrival):
+                self.late += 1
         elif not self.on_time(arrival):
             self.late += 1
         self.end = max(self.end, arrival)
@@ -473,6 +498,8 @@ class LinkTimer:
         self._cum: list[float] = [0.0]  # _cum[r]: simulated seconds of rounds 1..r
         self._round: list[float] = [0.0]  # _round[r]: simulated seconds of round r
         self._energy: list[float] = [0.0]  # _energy[r]: radio joules of rounds 1..r (with power figures)
+        #: the clock of the round finished last (per-node energy, ``lowband.engine.observers.devices``)
+        self.last: Optional[RoundClock] = None
 
     def elapsed(self, upto: int) -> float:
         """Cumulative simulated seconds of rounds ``1..upto`` (finished ones)."""
@@ -496,6 +523,7 @@ class LinkTimer:
         self._round.append(clock.round_s)
         self._cum.append(self._cum[r - 1] + clock.round_s)
         self._energy.append(self._energy[r - 1] + clock.energy_j)
+        self.last = clock
         return clock.round_s
 
     def energy(self, upto: int) -> Optional[float]:
@@ -537,23 +565,41 @@ def configured_profiles(cfg: Any) -> tuple[LinkProfile, dict[int, LinkProfile]]:
     return default, per_node
 
 
-def build_link_model(cfg: Any, *, compute_s: Iterable[float], seed: int = 0) -> LinkModel:
-    """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds."""
+def build_link_model(cfg: Any, *, compute_s: Iterable[float], seed: int = 0, relays: Iterable[int] = ()) -> LinkModel:
+    """The :class:`LinkModel` of a ``[links]`` config with each node's compute seconds
+    (``relays``: the algorithm's gateways)."""
     default, per_node = configured_profiles(cfg)
-    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s, cfg.retransmissions, int(seed))
+    return LinkModel(default, per_node, list(compute_s), cfg.deadline_s, cfg.retransmissions, int(seed),
+                     frozenset(int(i) for i in relays))
 
 
 def node_compute_seconds(cfg: Any, *, hp: Any, n_train: Sequence[int], model_key: Any, build: Any,
-                         input_shape: Sequence[int]) -> list[float]:
-    """Each node's local compute seconds per round (:func:`compute_seconds`): forward FLOPs of
-    its architecture (counted once per architecture) x the samples it trains on."""
+                         input_shape: Sequence[int], device_flops: Optional[Sequence[float]] = None) -> list[float]:
+    """Each node's local compute seconds per upload (:func:`compute_seconds`): forward FLOPs of
+    its architecture (counted once per architecture) x the samples it trains on, at
+    ``cfg.device_flops`` or, per node, at ``device_flops[i]`` (``[devices]``)."""
     flops: dict[str, int] = {}
     out = []
     for i, n in enumerate(n_train):
         key = model_key(i)
-        if cfg.device_flops and key not in flops:
+        rate = cfg.device_flops if device_flops is None else float(device_flops[i])
+        if rate and key not in flops:
             flops[key] = forward_flops(build(i), input_shape)
-        out.append(compute_seconds(flops.get(key, 0), samples_per_round(hp, n), cfg.device_flops, cfg.compute_s))
+        out.append(compute_seconds(flops.get(key, 0), samples_per_round(hp, n), rate, cfg.compute_s))
+    return out
+
+
+def node_train_flops(*, hp: Any, n_train: Sequence[int], model_key: Any, build: Any,
+                     input_shape: Sequence[int]) -> list[float]:
+    """Each node's training FLOPs per upload: ``3 x forward FLOPs x samples`` (the FLOP term
+    of :func:`compute_seconds`), for compute energy."""
+    flops: dict[str, int] = {}
+    out = []
+    for i, n in enumerate(n_train):
+        key = model_key(i)
+        if key not in flops:
+            flops[key] = forward_flops(build(i), input_shape)
+        out.append(3.0 * float(flops[key]) * float(samples_per_round(hp, n)))
     return out
 
 

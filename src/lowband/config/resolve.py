@@ -26,9 +26,10 @@ def facts() -> Facts:
     from lowband.device import check_spec
     from lowband.aggregation.rules import RULES
     from lowband.metricdir import higher_is_better
+    from lowband.devices.compute import CLASSES
 
     return Facts(link_presets=PRESETS, link_profiles=configured_profiles, device_spec=check_spec,
-                 higher_is_better=higher_is_better, aggregation_rules=RULES)
+                 higher_is_better=higher_is_better, aggregation_rules=RULES, device_classes=CLASSES)
 
 
 def validate(raw: dict[str, Any]) -> Experiment:
@@ -40,6 +41,7 @@ def validate(raw: dict[str, Any]) -> Experiment:
 
     check_bounds(exp)  # sizes before anything is built or allocated
     _validate_links(exp)
+    _validate_devices(exp)
     from lowband.engine.checks import check_experiment
 
     check_experiment(exp)
@@ -69,6 +71,22 @@ def _validate_links(exp: Experiment) -> None:
     if exp.links.deadline_s is not None and exp.executor == "ray":
         raise ConfigError("links.deadline_s: drops late replies in the serial round loop only; use executor = "
                           "\"serial\" or leave links.deadline_s out (times are still written under ray)")
+
+
+def _validate_devices(exp: Experiment) -> None:
+    """What ``[devices]`` cannot check alone: it needs the ``[links]`` clock, and its files exist."""
+    d = exp.devices
+    if d is None:
+        return
+    if exp.links is None:
+        raise ConfigError("devices: device compute and availability live on the simulated clock of [links]; add a "
+                          "[links] section (e.g. preset = \"nbiot\") or drop [devices]")
+    for key, path in (("devices.trace", d.trace), ("devices.availability.path", d.availability.path)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{key}: no such file {path!r}")
+    if d.availability.kind != "always" and exp.executor == "ray":
+        raise ConfigError("devices.availability: honoured in the serial round loop only; use executor = \"serial\" "
+                          "or kind = \"always\"")
 
 
 def _validate_plugins(exp: Experiment) -> None:

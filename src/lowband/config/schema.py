@@ -41,6 +41,8 @@ class Facts(TypedDict, total=False):
     higher_is_better: Callable[[Optional[str]], bool]
     #: robust rule name -> its class, whose ``Params`` model checks the rule's keys (lowband.aggregation.rules.RULES)
     aggregation_rules: Mapping[str, Any]
+    #: device class names (lowband.devices.compute.CLASSES)
+    device_classes: Container[str]
 
 
 def _fact(info: ValidationInfo, name: str) -> Any:
@@ -390,6 +392,84 @@ class LinksConfig(_Strict):
         return self
 
 
+#: keys of [devices.availability] and the kinds that read them
+AVAILABILITY_READS: dict[str, tuple[str, ...]] = {
+    "on_fraction": ("diurnal",), "phases": ("diurnal",), "period_s": ("diurnal", "trace"),
+    "mean_on_s": ("churn",), "mean_off_s": ("churn",), "path": ("trace",),
+}
+
+
+class AvailabilityConfig(_Strict):
+    """When each device is reachable (lowband.devices): always, a diurnal cycle, random churn, or a trace file."""
+
+    kind: Literal["always", "diurnal", "churn", "trace"] = "always"
+    #: diurnal: the fraction of each period a device is on
+    on_fraction: Float = Field(0.5, gt=0, le=1)
+    #: diurnal: the cycle (default a day, 86400 s); trace: the windows repeat with this period (unset: no repeat)
+    period_s: Optional[Float] = Field(None, gt=0)
+    #: diurnal: "uniform" (each device its own phase, its time zone) or "equal" (one time zone)
+    phases: Literal["uniform", "equal"] = "uniform"
+    mean_on_s: Optional[Float] = Field(None, gt=0, description="churn: mean on period (exponential)")
+    mean_off_s: Optional[Float] = Field(None, gt=0, description="churn: mean off period (exponential)")
+    path: Optional[str] = Field(None, description="trace: a CSV node,start_s,end_s of on-windows")
+
+    @model_validator(mode="after")
+    def _keys_of_the_kind(self) -> "AvailabilityConfig":
+        for key in sorted(self.model_fields_set):
+            readers = AVAILABILITY_READS.get(key)
+            if readers is not None and self.kind not in readers:
+                raise ValueError(f"{key} is read only with kind = {' / '.join(readers)}, not {self.kind!r}; drop it "
+                                 f"or change kind")
+        if self.kind == "churn" and (self.mean_on_s is None or self.mean_off_s is None):
+            raise ValueError("kind = 'churn' needs mean_on_s and mean_off_s (the mean on and off periods, seconds)")
+        if self.kind == "trace" and not self.path:
+            raise ValueError("kind = 'trace' needs path (a CSV file with header node,start_s,end_s)")
+        return self
+
+
+class DevicesConfig(_Strict):
+    """Per-device compute and availability (lowband.devices, docs/devices.md); needs [links] (the clock).
+
+    Compute: one of ``mix`` (device classes with shares, ``lowband list devices``), ``flops``
+    (every device equal) or ``trace`` (a CSV node,flops[,joules_per_flop][,class]); none of
+    them: every device computes at ``links.device_flops``, with no energy figure."""
+
+    mix: dict[str, Float] = Field(default_factory=dict)
+    flops: Optional[Float] = Field(None, gt=0, description="every device's training rate (FLOP/s)")
+    joules_per_flop: Optional[Float] = Field(None, ge=0, description="with flops: every device's energy per FLOP")
+    trace: Optional[str] = None
+    #: lognormal sigma of each device's rate around its class's figure (mix only; 0: the figure itself)
+    spread: Float = Field(0.0, ge=0, le=3)
+    #: multiplies every class's rate (mix only): the fraction of the figures training reaches
+    efficiency: Float = Field(1.0, gt=0, le=1)
+    availability: AvailabilityConfig = Field(default_factory=AvailabilityConfig)
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        classes = _fact(info, "device_classes")
+        for name, share in v.items():
+            if classes is not None and name not in classes:
+                raise ValueError(f"unknown device class {name!r}; available: {', '.join(classes)} (lowband list devices)")
+            if share < 0:
+                raise ValueError(f"{name}: a share must be >= 0, got {share}")
+        if v and sum(v.values()) <= 0:
+            raise ValueError("the shares sum to 0; give at least one class a share > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DevicesConfig":
+        given = [k for k in ("mix", "flops", "trace") if k in self.model_fields_set and getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} both set: devices come from one of mix, flops or trace")
+        if self.joules_per_flop is not None and self.flops is None:
+            raise ValueError("joules_per_flop goes with flops (a mix takes each class's figure, a trace its column)")
+        for key in ("spread", "efficiency"):
+            if key in self.model_fields_set and not self.mix:
+                raise ValueError(f"{key} applies to a mix of device classes only; set mix or drop {key}")
+        return self
+
+
 class EvalConfig(_Strict):
     """Which evaluation protocols run, how often, and the target for rounds/bytes-to-target."""
 
@@ -549,6 +629,8 @@ class Experiment(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     #: link models (simulated time); None: not timed, and nothing about time is written
     links: Optional[LinksConfig] = None
+    #: per-device compute and availability (docs/devices.md); None: every device equal, always on
+    devices: Optional[DevicesConfig] = None
     aggregation: Optional[AggregationConfig] = None  # [aggregation]: a robust rule (lowband.aggregation); None: none
     log: LogConfig = Field(default_factory=LogConfig)
     #: "are you sure": a size beyond lowband.config.bounds' limits (rounds, epochs, batch sizes,

@@ -125,6 +125,10 @@ def _check_exportable(sim: Simulation) -> None:
         raise ValueError(f"{alg.name} is a {alg.family}-round algorithm: only server-round algorithms can be "
                          f"exported to Flower (its messages go between a ServerApp and ClientApps; peer-to-peer "
                          f"methods are not expressible there)")
+    if getattr(alg, "event_clock", False):
+        raise ValueError(f"{alg.name} runs on the event clock of `lowband run` (lowband.asynchronous): its rounds "
+                         f"are arrivals the clock plans, which a ClientApp cannot replay; the Flower adapter "
+                         f"exports synchronous server rounds only")
     if sim.exp.links is not None:
         raise ValueError("links: simulated link time is written by `lowband run` only; the Flower adapter does not "
                          "time its rounds (leave [links] out)")

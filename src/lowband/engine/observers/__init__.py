@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 from lowband.engine.observers.base import HOOKS, Observer, Round, Run
 from lowband.engine.observers.checkpoint import Checkpoint, Resume
 from lowband.engine.observers.counters import Counters
+from lowband.engine.observers.devices import Devices
 from lowband.engine.observers.diagnostics import Diagnostics
 from lowband.engine.observers.faults import Faults
 from lowband.engine.observers.incidents import Incidents
@@ -22,7 +23,7 @@ from lowband.engine.observers.timing import Timing
 from lowband.engine.observers.views import Progress, TensorBoard
 from lowband.engine.observers.watches import Watches
 
-__all__ = ["HOOKS", "Observer", "Round", "Run", "Counters", "Checkpoint", "Resume", "Diagnostics", "Faults",
+__all__ = ["HOOKS", "Observer", "Round", "Run", "Counters", "Checkpoint", "Resume", "Devices", "Diagnostics", "Faults",
            "Incidents", "LinkClock", "Timing", "Progress", "TensorBoard", "Watches", "default_observers"]
 
 
@@ -33,11 +34,16 @@ def default_observers(sim: Any, *, traffic: Any, builder: Any, progress: Progres
     (it saves every observer's state after the round)."""
     exp = sim.exp
     faults = Faults.from_config(exp, sim.num_nodes)
-    link: Optional[LinkClock] = LinkClock.from_config(sim, builder) if exp.links is not None else None
+    link: Optional[Observer] = LinkClock.from_config(sim, builder) if exp.links is not None else None
+    if getattr(sim.alg, "event_clock", False):  # asynchronous: one round per arrival (lowband.asynchronous)
+        from lowband.asynchronous.clock import EventClock
+
+        link = EventClock.from_sim(sim, builder)
     obs: list[Optional[Observer]] = [
         Resume(),
         faults if faults.model.enabled else None,
-        link,
+        link,  # the link clock, or the event clock of an asynchronous run (which reads [devices] itself)
+        Devices.from_config(sim, link, builder) if exp.devices is not None and isinstance(link, LinkClock) else None,
         Diagnostics(),  # alg/* after time/*: the order of a metrics line
         Watches(traffic),
         Incidents(),

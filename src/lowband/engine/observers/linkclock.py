@@ -26,11 +26,18 @@ class LinkClock(Observer):
     @classmethod
     def from_config(cls, sim: Any, builder: Any) -> "LinkClock":
         exp = sim.exp
+        with config_errors("devices"):
+            from lowband.devices.build import device_set
+
+            devices = device_set(exp, len(sim.fed.nodes))  # [devices]: each node's rate (None: links.device_flops)
         with config_errors("links"):
             compute = links.node_compute_seconds(
                 exp.links, hp=sim.alg.hp, n_train=[nd.n_train for nd in sim.fed.nodes], model_key=builder.key,
-                build=builder, input_shape=tuple(sim.fed.input_shape))
-            return cls(links.LinkTimer(links.build_link_model(exp.links, compute_s=compute, seed=exp.seed)))
+                build=builder, input_shape=tuple(sim.fed.input_shape),
+                device_flops=devices.flops if devices is not None else None)
+            relays = getattr(sim.alg, "infrastructure", ()) or ()  # a hierarchy's gateways
+            return cls(links.LinkTimer(links.build_link_model(exp.links, compute_s=compute, seed=exp.seed,
+                                                              relays=relays)))
 
     @property
     def deadline(self) -> bool:
