@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lowband.seeding import derive_seed
+from lowband.seeding import derive_seed, seed_torch
 from lowband.train.cohort import (MODES, LocalSGDStep, SGDJob, cohort_methods, cohort_size, local_sgd_step,
                                   mlp_layers, train_cohort, unsupported, vectorised)
 from lowband.train.sgd import diverged_count, note_divergence
@@ -39,7 +39,7 @@ def run_step(executor: Any, step: "Step", round: int, plan: Any,
     done: dict[int, tuple[Any, "Outbox"]] = {}
     diverged: set[int] = set()
     for node in step.actors:
-        torch.manual_seed(derive_seed(env.seed, "torch", round, node, step.name))
+        seed_torch(derive_seed(env.seed, "torch", round, node, step.name))
         ctx = executor.context(node, round, plan)
         state, inbox = executor.states[node], own_inbox(inboxes, node)
         before = diverged_count()

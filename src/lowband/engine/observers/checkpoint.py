@@ -49,6 +49,9 @@ class Resume(Observer):
             ckpt = log.load_checkpoint()
         if ckpt is not None:
             run.start = int(ckpt["round"])
+            # the initial states first (lazy: only the server's is made now), so a node the
+            # checkpoint does not hold (never read before it) gets its initial state when read
+            sim.backend.init_states(sim.topology.plan(0) if sim.num_nodes else None)
             sim.executor.load_state_dict(ckpt["states"] if is_cpu(sim.device) else to_device(ckpt["states"], sim.device))
             sim.ledger.load_state_dict(ckpt["ledger"])
             load_codec_states(sim, ckpt.get("codecs", {}))
