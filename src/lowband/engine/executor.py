@@ -107,7 +107,12 @@ class LazyStates(dict):
         return super().pop(node, *default)
 
     def __reduce__(self) -> Any:  # a plain dict of the states made so far, when pickled
-        return (dict, (dict(self),))
+        return (dict, (self.ordered(),))
+
+    def ordered(self) -> dict[int, State]:
+        """The states made so far as a plain dict in the serial order (nodes by id, then
+        the server), whatever order they were first read in."""
+        return {k: dict.__getitem__(self, k) for k in sorted(dict.keys(self), key=lambda k: (k == SERVER, k))}
 
 
 class SerialExecutor:

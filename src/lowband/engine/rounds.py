@@ -558,6 +558,12 @@ class RoundLoop:
 # --------------------------------------------------------------------------- sharded backends
 
 
+def _own(d: Any) -> Any:
+    """A node's data as tensors of its own (a :class:`~lowband.data.federation.NodeView`
+    materialised), for a place in another process that does not share this one's pages."""
+    return d.materialize() if hasattr(d, "materialize") else d
+
+
 class ShardedExecutor:
     """The executor protocol over ``num_workers`` places in other processes (the pool's
     workers, Ray's actors): node states stay where their nodes live. Subclasses give the
@@ -600,7 +606,7 @@ class ShardedExecutor:
         """Place ``j``'s view of the environment: its nodes' data only, or every node's
         with ``all_data`` (and the server's in place 0)."""
         n, w = self.env.num_nodes, self.num_workers
-        data = [d if all_data or place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
+        data = [d if all_data else _own(d) if place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
         server = self.env.server_data if j == 0 else ServerData(torch.empty(0), torch.empty(0, dtype=torch.long))
         return dataclasses.replace(self.env, node_data=data, server_data=server)
 
