@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FEDAVG = """
 name = "scale-fedavg"
 seed = 0
+allow_huge = true  # config.bounds counts a model copy per client; FedAvg's lazy client states hold none
 rounds = {rounds}
 threads = 1
 checkpoint_every = 1
