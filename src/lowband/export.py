@@ -103,7 +103,13 @@ def ledger_from_checkpoint(path: Path) -> Optional[dict[str, np.ndarray]]:
         return None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     led = Ledger()
-    led.load_state_dict(ckpt["ledger"])
+    if "ledger" in ckpt:
+        led.load_state_dict(ckpt["ledger"])
+    else:  # the records are in ledger.bin beside it (lowband.ledgerfile)
+        from lowband.ledgerfile import LEDGER_LOG, read_ledger_log
+
+        info = ckpt["ledger_file"]
+        led.load_state_dict(read_ledger_log(path.parent / LEDGER_LOG, int(info["rows"]), info["kinds"], info.get("crc32")))
     return ledger_columns(led)
 
 

@@ -169,7 +169,8 @@ class DataConfig(_Strict):
     num_clients: Int = Field(10, ge=1, le=100_000)
     #: "given": the client ids of the user's data (dataset = "npz" with a client array);
     #: "index_map": the first num_clients clients of the file data.index_map (lowband.data.indexmap)
-    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map"] = "iid"
+    #: "iid_replace": samples_per_client IID samples per client, the pool dealt out in passes (clients may share)
+    partition: Literal["iid", "dirichlet", "shards", "ntk_fl", "iid_replace", "natural", "given", "index_map"] = "iid"
     #: partition = "index_map": a JSON object client id -> indices into the training set (.json, .json.gz)
     index_map: Optional[str] = None
     #: the index map's sha256, resolved from the file when not given (a given one must match the file)

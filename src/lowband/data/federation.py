@@ -18,14 +18,19 @@ not reshuffle the others):
    ``torch_gen(seed, "augment", client, split)``), as the FOL paper does at partition time.
 
 The official test split becomes the held-out global test set, never given to clients.
-Node tensors are index-selected copies, so a node may modify its own data freely;
+Nodes are :class:`NodeView` s (issue 43): a node keeps its indices into the dataset,
+which every node shares read-only, and its local split is made when its data is first
+read; each read of ``train_x`` and friends is a fresh index-selected copy (a few rows), so
+a node may still modify what it reads freely. A node that never takes part costs its
+index array and nothing else: no split, no RNG call, no copy of its rows. With
+``augment`` the nodes hold transformed copies (:class:`NodeData`), as before.
 ``global_test_*`` share the (cached, read-only by convention) Dataset tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,9 +42,9 @@ from .sources import Dataset
 if TYPE_CHECKING:
     from .indexmap import IndexMap
 
-__all__ = ["NodeData", "Federation", "build_federation", "PARTITIONS"]
+__all__ = ["NodeData", "NodeView", "Federation", "build_federation", "PARTITIONS"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "natural", "given", "index_map")
+PARTITIONS = ("iid", "dirichlet", "shards", "ntk_fl", "iid_replace", "natural", "given", "index_map")
 
 
 @dataclass(repr=False)
@@ -69,6 +74,60 @@ class NodeData:
         return f"NodeData(train={self.n_train}, val={self.n_val}, test={self.n_test})"
 
 
+class NodeView:
+    """One node's local data as rows of the shared dataset (read-only, never copied per node).
+
+    Holds the node's indices into the training set; the local train/val/test split
+    (:func:`lowband.data.partition.split_local` with ``np_gen(seed, "split", node)``, the
+    eager build's call) is made on the first read and kept (indices only). ``train_x`` etc.
+    are fresh copies of the node's rows at every read: the same values, dtype and layout as
+    :class:`NodeData`'s tensors, so everything computed from them is the same bits.
+    ``n_train``/``n_val``/``n_test`` come from the split's sizes without making it (they do
+    not depend on the labels). Pickled (a worker pool shipping a visiting node, Ray), a
+    view travels as the :class:`NodeData` of its rows, never with the whole dataset."""
+
+    __slots__ = ("_x", "_y", "_idx", "_labels", "_split", "_seed", "_node", "_parts", "_sizes")
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, labels: np.ndarray,
+                 split: tuple[float, ...], seed: int, node: int):
+        self._x, self._y, self._idx, self._labels = x, y, idx, labels
+        self._split, self._seed, self._node = split, int(seed), int(node)
+        self._parts: tuple[np.ndarray, ...] | None = None
+        self._sizes = P.split_sizes(int(idx.size), split)
+
+    def parts(self) -> tuple[np.ndarray, ...]:
+        """The node's (train, val, test) indices into the training set (made once)."""
+        if self._parts is None:
+            self._parts = P.split_local(self._idx, self._labels, self._split, np_gen(self._seed, "split", self._node))
+        return self._parts
+
+    def _size(self, k: int) -> int:
+        return int(self._sizes[k]) if self._sizes is not None else int(self.parts()[k].size)
+
+    train_x = property(lambda self: _take(self._x, self.parts()[0]), doc="the node's training inputs (a copy)")
+    train_y = property(lambda self: _take(self._y, self.parts()[0]), doc="the node's training labels (a copy)")
+    val_x = property(lambda self: _take(self._x, self.parts()[1]))
+    val_y = property(lambda self: _take(self._y, self.parts()[1]))
+    test_x = property(lambda self: _take(self._x, self.parts()[2]))
+    test_y = property(lambda self: _take(self._y, self.parts()[2]))
+    n_train = property(lambda self: self._size(0))
+    n_val = property(lambda self: self._size(1))
+    n_test = property(lambda self: self._size(2))
+
+    def materialize(self) -> NodeData:
+        """The node's data as tensors of its own (:class:`NodeData`)."""
+        tr, va, te = self.parts()
+        return NodeData(_take(self._x, tr), _take(self._y, tr), _take(self._x, va), _take(self._y, va),
+                        _take(self._x, te), _take(self._y, te))
+
+    def __reduce__(self) -> Any:
+        d = self.materialize()
+        return (NodeData, (d.train_x, d.train_y, d.val_x, d.val_y, d.test_x, d.test_y))
+
+    def __repr__(self) -> str:
+        return f"NodeView(train={self.n_train}, val={self.n_val}, test={self.n_test})"
+
+
 @dataclass(repr=False)
 class Federation:
     """Everything a simulation needs about data. ``partition[i]`` holds client i's indices
@@ -78,7 +137,7 @@ class Federation:
     num_classes: int
     input_shape: tuple[int, ...]
     meta: dict
-    nodes: list[NodeData]
+    nodes: list[Any]  # NodeView (shared rows) or NodeData (own tensors)
     global_test_x: torch.Tensor
     global_test_y: torch.Tensor
     public_x: torch.Tensor
@@ -96,6 +155,13 @@ class Federation:
             y = torch.cat([nd.train_y, nd.val_y, nd.test_y]).cpu().numpy()
             rows.append(np.bincount(y, minlength=self.num_classes)[: self.num_classes])
         return np.stack(rows) if rows else np.zeros((0, self.num_classes), np.int64)
+
+    def materialize(self) -> "Federation":
+        """This federation with every node's data as tensors of its own (:class:`NodeData`),
+        e.g. before moving it to a GPU (the views share the CPU dataset)."""
+        from dataclasses import replace
+
+        return replace(self, nodes=[nd.materialize() if isinstance(nd, NodeView) else nd for nd in self.nodes])
 
     def __repr__(self) -> str:
         sizes = [nd.n_train + nd.n_val + nd.n_test for nd in self.nodes]
@@ -207,7 +273,7 @@ def build_federation(
 
     public = _public_indices(labels, public_size, public_source, dataset.num_classes, seed)
     pool = np.setdiff1d(np.arange(n, dtype=np.int64), public, assume_unique=True)
-    if partition not in ("ntk_fl", "index_map") and num_clients > pool.size:
+    if partition not in ("ntk_fl", "iid_replace", "index_map") and num_clients > pool.size:
         raise ValueError(f"num_clients={num_clients} exceeds the {pool.size} training samples left for clients")
     rng = np_gen(seed, "partition", partition)
     pool_y = labels[pool]
@@ -225,6 +291,8 @@ def build_federation(
         local = P.shards(pool_y, num_clients, classes_per_client, rng)
     elif partition == "ntk_fl":
         local = P.ntk_fl(pool_y, num_clients, alpha, rng, samples_per_client=samples_per_client)
+    elif partition == "iid_replace":
+        local = P.iid_replace(pool.size, num_clients, rng, samples_per_client)
     elif partition == "index_map":
         from .indexmap import select, stats
 
@@ -250,8 +318,10 @@ def build_federation(
         _check_client_sizes(local, split, dataset.meta.get("client_ids"))
     parts = [pool[p] for p in local]
 
-    nodes = []
-    for i, idx in enumerate(parts):
+    nodes: list[Any] = []
+    if augment is None:  # rows of the shared dataset, split when first read (NodeView)
+        nodes = [NodeView(dataset.train_x, dataset.train_y, idx, labels, split, seed, i) for i, idx in enumerate(parts)]
+    for i, idx in enumerate(parts if augment is not None else ()):
         tr, va, te = P.split_local(idx, labels, split, np_gen(seed, "split", i))
         xs = [_take(dataset.train_x, part) for part in (tr, va, te)]
         if augment is not None:

@@ -21,7 +21,9 @@ __all__ = [
     "dirichlet",
     "shards",
     "ntk_fl",
+    "iid_replace",
     "split_local",
+    "split_sizes",
     "class_counts",
     "plot_partition",
 ]
@@ -196,6 +198,42 @@ def ntk_fl(
                 lists[c] = rng.permutation(lists[c])
         parts.append(np.concatenate(take) if take else np.empty(0, np.int64))
     return _sorted(parts)
+
+
+def iid_replace(num_items: int, num_clients: int, rng: np.random.Generator,
+                samples_per_client: int) -> list[np.ndarray]:
+    """IID sampling with replacement across clients, for populations larger than the data.
+
+    The pool is dealt out in passes: each pass is a fresh permutation of ``range(num_items)``
+    cut into ``num_items // samples_per_client`` consecutive blocks of ``samples_per_client``,
+    one per client, until every client has one. Clients of one pass are disjoint, clients of
+    different passes may share samples, a client never holds a duplicate; every client has
+    exactly ``samples_per_client`` samples. One permutation per pass: 100,000 clients of 20
+    Fashion-MNIST samples take 34 permutations of 60,000 (a fraction of a second)."""
+    if int(num_clients) < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not 1 <= samples_per_client <= num_items:
+        raise PartitionError(f"iid_replace: samples_per_client must be in 1..{num_items} (the pool's size), "
+                             f"got {samples_per_client}")
+    per_pass = num_items // samples_per_client
+    passes = -(-int(num_clients) // per_pass)
+    blocks = np.concatenate([rng.permutation(num_items)[: per_pass * samples_per_client].reshape(per_pass, -1)
+                             for _ in range(passes)])[: int(num_clients)]
+    return list(np.sort(blocks, axis=1).astype(np.int64))
+
+
+def split_sizes(n: int, ratios: Sequence[float]) -> tuple[int, ...] | None:
+    """The part sizes :func:`split_local` gives a client of ``n`` samples (they do not depend
+    on its labels or its generator: the apportionment of ``n``), without splitting; None in
+    the one case where they would depend on the labels (a client whose apportioned training
+    part is empty, which then takes a sample from another part)."""
+    r = np.asarray(ratios, dtype=np.float64)
+    if n == 0:
+        return tuple(0 for _ in range(r.size))
+    sizes = _largest_remainder(int(n), r)
+    if r[0] > 0 and sizes[0] == 0:
+        return None
+    return tuple(int(v) for v in sizes)
 
 
 def _largest_remainder(total: int, ratios: np.ndarray) -> np.ndarray:

@@ -344,7 +344,7 @@ def _schema_default(key: str, section: str = "topology") -> Any:
 #: the [data] keys each partition reads (lowband.data.federation.build_federation)
 PARTITION_KEYS: dict[str, tuple[str, ...]] = {
     "iid": (), "dirichlet": ("alpha", "min_size"), "shards": ("classes_per_client",),
-    "ntk_fl": ("alpha", "samples_per_client"), "natural": (), "given": (),
+    "ntk_fl": ("alpha", "samples_per_client"), "iid_replace": ("samples_per_client",), "natural": (), "given": (),
     "index_map": (),
 }
 
@@ -412,7 +412,7 @@ def resolve_protocols(alg: Any, fed: Any, requested: Optional[Sequence[str]]) ->
     """The protocols a run evaluates: the config's (checked), else the algorithm's defaults
     that the data allows, else the first of global, node_global, consensus it serves (a
     method evaluated on local test splits, run without them). Never empty."""
-    has_local_test = any(int(nd.test_y.numel()) > 0 for nd in fed.nodes)
+    has_local_test = any(int(nd.n_test) > 0 for nd in fed.nodes)
     served = served_protocols(alg)
     if requested:
         _check_protocols(alg, requested, has_local_test)

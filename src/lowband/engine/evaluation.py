@@ -50,6 +50,7 @@ from lowband.engine.executor import Executor, SerialExecutor
 from lowband.seeding import np_gen
 from lowband.topology import RoundPlan, Topology
 from lowband.train import ROW_ALIGN, eval_batch, evaluate, is_float, load_params, predict_logits
+from lowband.train.evaluate import MIN_FORWARD_ROWS
 
 
 def worst_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -340,27 +341,66 @@ class _PooledTests:
 
     In eval mode (no batch statistics) a sample's logits depend on its batch companions only
     through the kernels' rounding, which :func:`lowband.train.predict_logits` pins by row
-    alignment (``ROW_ALIGN``): each split here starts at an aligned row, so slicing the
+    alignment (``ROW_ALIGN``): each split is scored at an aligned row, so slicing the
     logits back per node gives each node's :func:`lowband.train.evaluate` result bit for
-    bit; tests/test_evaluation_speed.py checks equality."""
+    bit; tests/test_evaluation_speed.py checks equality.
+
+    Padding waste (issue 43): a split of 2 samples takes 16 rows in the aligned layout, so
+    10,000 clients of 1-2 test samples made a 160,000-row pass. The rows are kept unpadded
+    here; a model offering ``row_trunk``/``row_tail`` (the FMNIST CNN: its convolutions
+    give each row the same bits in any batch) runs its trunk on the unpadded rows and only
+    the dense tail on the aligned layout, chunk by chunk as ``predict_logits`` chunks it;
+    any other model gets the aligned, zero-padded rows (built on first use)."""
 
     def __init__(self, node_data: Sequence[Any], nodes: Sequence[int]):
         self.nodes = tuple(int(n) for n in nodes)
         self.y = [node_data[n].test_y for n in self.nodes]
-        # each split starts at a multiple of ROW_ALIGN (zero rows between): the per-node
+        xs = [node_data[n].test_x for n in self.nodes]
+        sizes = [int(x.shape[0]) for x in xs]
+        # each split starts at a multiple of ROW_ALIGN in the aligned layout: the per-node
         # pass's row positions modulo ROW_ALIGN, hence its bits (lowband.train.ROW_ALIGN)
-        xs = []
-        for n in self.nodes:
-            x = node_data[n].test_x
-            gap = -int(x.shape[0]) % ROW_ALIGN
-            xs.append(torch.cat([x, x.new_zeros((gap, *x.shape[1:]))]) if gap else x)
-        self.x = torch.cat(xs) if xs else torch.empty(0)
-        self.offsets = np.cumsum([0] + [int(x.shape[0]) for x in xs]).tolist()
+        padded = [n + (-n % ROW_ALIGN) for n in sizes]
+        self.offsets = np.cumsum([0] + padded).tolist()
+        self.x = torch.cat(xs) if xs else torch.empty(0)  # unpadded rows
+        starts = np.cumsum([0] + sizes)[:-1]
+        #: aligned row -> its unpadded row (-1: a gap)
+        self.src = np.full(self.offsets[-1], -1, dtype=np.int64)
+        for o, st, n in zip(self.offsets, starts, sizes):
+            self.src[o:o + n] = np.arange(st, st + n)
+        self._padded: Optional[torch.Tensor] = None
+
+    def _aligned_inputs(self) -> torch.Tensor:
+        if self._padded is None:
+            pad = self.x.new_zeros((self.offsets[-1], *self.x.shape[1:]))
+            real = torch.from_numpy(np.flatnonzero(self.src >= 0))
+            pad[real] = self.x[torch.from_numpy(self.src[self.src >= 0])]
+            self._padded = pad
+        return self._padded
+
+    def logits(self, model: torch.nn.Module, params: dict[str, torch.Tensor], bs: int) -> torch.Tensor:
+        """The logits of the aligned layout (gap rows: whatever; never read)."""
+        trunk, tail = getattr(model, "row_trunk", None), getattr(model, "row_tail", None)
+        if trunk is None or tail is None:
+            return predict_logits(model, params, self._aligned_inputs(), bs)
+        load_params(model, params)
+        model.eval()
+        bs = eval_batch(bs)
+        with torch.inference_mode():
+            feats = torch.cat([trunk(self.x[i:i + bs]) for i in range(0, int(self.x.shape[0]), bs)])
+            src = torch.from_numpy(np.maximum(self.src, 0))
+            outs = []
+            for i in range(0, int(src.shape[0]), bs):  # predict_logits' passes over the aligned rows
+                chunk = feats[src[i:i + bs]]
+                n = int(chunk.shape[0])
+                if n < MIN_FORWARD_ROWS:
+                    chunk = torch.cat([chunk, chunk.new_zeros((MIN_FORWARD_ROWS - n, *chunk.shape[1:]))])
+                outs.append(tail(chunk)[:n])
+            return torch.cat(outs)
 
     def evaluate(self, model: torch.nn.Module, params: dict[str, torch.Tensor], bs: int) -> dict[int, tuple]:
         if not self.offsets[-1]:
             return {n: (float("nan"), float("nan"), 0) for n in self.nodes}
-        logits = predict_logits(model, params, self.x, bs)
+        logits = self.logits(model, params, bs)
         out: dict[int, tuple] = {}
         for i, n in enumerate(self.nodes):
             y = self.y[i]
@@ -459,7 +499,7 @@ def default_protocols(alg: Algorithm, fed: Any, requested: Optional[Sequence[str
     if requested:
         return list(requested)
     protos = list(alg.default_protocols)
-    has_local_test = any(int(nd.test_y.numel()) > 0 for nd in fed.nodes)
+    has_local_test = any(int(nd.n_test) > 0 for nd in fed.nodes)
     if not has_local_test and "personal" in protos:
         protos.remove("personal")
     if not alg.has_server and "global" in protos:

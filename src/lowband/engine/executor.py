@@ -22,7 +22,7 @@ from torch import nn
 from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step
 from lowband.engine import cohort
 from lowband.engine.inbox import own_inbox
-from lowband.seeding import derive_seed
+from lowband.seeding import derive_seed, seed_torch
 from lowband.topology import RoundPlan
 from lowband.train import diverged_count
 
@@ -81,6 +81,40 @@ class Executor(Protocol):
     def load_state_dict(self, sd: dict[str, Any]) -> None: ...
 
 
+class LazyStates(dict):
+    """Node states made on first read (cost proportional to the participants, issue 43).
+
+    A dict of the states made so far; reading a missing node of ``nodes`` builds its
+    initial state with ``executor.init_state(node)`` (addressed seed, so the same state
+    whenever and wherever it is first read, as the eager loop made it) and keeps it. A
+    client that never takes part costs no tensor and no RNG call; a checkpoint holds only
+    the states made so far (:meth:`SerialExecutor.state_dict`)."""
+
+    def __init__(self, executor: "SerialExecutor", nodes: Iterable[int]):
+        super().__init__()
+        self._ex = executor
+        self._nodes = nodes if isinstance(nodes, range) else frozenset(int(n) for n in nodes)
+
+    def __missing__(self, node: int) -> State:
+        if node not in self._nodes:
+            raise KeyError(node)
+        state = self[node] = self._ex.init_state(node)
+        return state
+
+    def pop(self, node: int, *default: Any) -> State:  # type: ignore[override]
+        if node not in self and node in self._nodes:
+            self[node]
+        return super().pop(node, *default)
+
+    def __reduce__(self) -> Any:  # a plain dict of the states made so far, when pickled
+        return (dict, (self.ordered(),))
+
+    def ordered(self) -> dict[int, State]:
+        """The states made so far as a plain dict in the serial order (nodes by id, then
+        the server), whatever order they were first read in."""
+        return {k: dict.__getitem__(self, k) for k in sorted(dict.keys(self), key=lambda k: (k == SERVER, k))}
+
+
 class SerialExecutor:
     """Runs every node's work in this process, one node after another.
 
@@ -92,6 +126,8 @@ class SerialExecutor:
     def __init__(self, env: NodeEnv):
         self.env = env
         self.states: dict[int, State] = {}
+        #: the round-0 plan the nodes' initial states are made with (:meth:`init_state`)
+        self.init_plan: Optional[RoundPlan] = None
         self._models: dict[str, nn.Module] = {}
         #: (round, node) of each step whose local training diverged (a non-finite loss, see
         #: lowband.train.note_divergence); the simulation empties it every round
@@ -118,14 +154,23 @@ class SerialExecutor:
         )
 
     # -- work ----------------------------------------------------------------------------
-    def init_states(self, plan: RoundPlan) -> None:
+    def init_states(self, plan: RoundPlan, nodes: Optional[Iterable[int]] = None) -> None:
+        """The nodes' initial states, made lazily (:class:`LazyStates`: a node's state is
+        built, from its own seed, when something first reads it), and the server's now."""
         alg = self.env.algorithm
-        for node in range(self.env.num_nodes):
-            torch.manual_seed(derive_seed(self.env.seed, "torch", "init", node))
-            self.states[node] = alg.init_node(self.context(node, 0, plan))
+        self.init_plan = plan
+        self.states = LazyStates(self, range(self.env.num_nodes) if nodes is None else nodes)
         if alg.has_server:
-            torch.manual_seed(derive_seed(self.env.seed, "torch", "init", SERVER))
+            seed_torch(derive_seed(self.env.seed, "torch", "init", SERVER))
             self.states[SERVER] = alg.init_server(self.context(SERVER, 0, plan))
+
+    def init_state(self, node: int) -> State:
+        """Node ``node``'s initial state, as :meth:`init_states` would have made it: seeded
+        by ``(seed, "torch", "init", node)`` with the global generator's state kept around
+        the call (a node first read inside another node's seeded step changes nothing)."""
+        with torch.random.fork_rng(devices=[]):
+            seed_torch(derive_seed(self.env.seed, "torch", "init", node))
+            return self.env.algorithm.init_node(self.context(node, 0, self.init_plan))
 
     def run_step(self, step: Step, round: int, plan: RoundPlan,
                  inboxes: dict[int, list[Envelope]]) -> dict[int, Outbox]:
@@ -133,7 +178,7 @@ class SerialExecutor:
             return cohort.run_step(self, step, round, plan, inboxes, self.env.vectorize)
         out: dict[int, Outbox] = {}
         for node in step.actors:
-            torch.manual_seed(derive_seed(self.env.seed, "torch", round, node, step.name))
+            seed_torch(derive_seed(self.env.seed, "torch", round, node, step.name))
             ctx = self.context(node, round, plan)
             before = diverged_count()
             inbox = own_inbox(inboxes, node)
@@ -162,7 +207,13 @@ class SerialExecutor:
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {str(k): v for k, v in self.states.items()}
+        """The states made so far (a node never read has only its initial state, remade on
+        load), nodes in id order, then the server."""
+        return {str(k): self.states[k] for k in sorted(self.states, key=lambda k: (k == SERVER, k))}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.states = {int(k): v for k, v in sd.items()}
+        """The saved states; a node not among them (never read before the save) gets its
+        initial state when first read, as in the run that saved them."""
+        states = LazyStates(self, range(self.env.num_nodes))
+        states.update({int(k): v for k, v in sd.items()})
+        self.states = states

@@ -83,10 +83,10 @@ from lowband.algorithms.base import SERVER, Envelope, NodeContext, Outbox, State
 from lowband.comm.ledger import Ledger
 from lowband.comm.network import Ack, CodecConfig, Network
 from lowband.comm.validate import ExpectedShapes, InvalidMessageError, Rejection, ValidationPolicy, Validator
-from lowband.engine.executor import NodeEnv, SerialExecutor, ServerData
+from lowband.engine.executor import LazyStates, NodeEnv, SerialExecutor, ServerData
 from lowband.engine.placement import balanced_placement, node_work
 from lowband.faults import NO_FAULTS, RoundFaults
-from lowband.seeding import derive_seed
+from lowband.seeding import derive_seed, seed_torch
 from lowband.topology import RoundPlan
 
 __all__ = ["Place", "RoundLoop", "ExecutorBackend", "ShardedExecutor", "place_of", "send", "deliver", "late_links"]
@@ -348,18 +348,19 @@ class Place:
     # -- states ------------------------------------------------------------------------------
     def init_states(self, plan: RoundPlan) -> None:
         ex, alg, seed = self.ex, self.ex.env.algorithm, self.ex.env.seed
-        for node in self.nodes:
-            torch.manual_seed(derive_seed(seed, "torch", "init", node))
-            ex.states[node] = alg.init_node(ex.context(node, 0, plan))
+        ex.init_plan = plan
+        ex.states = LazyStates(ex, self.nodes)  # made on first read (SerialExecutor.init_states)
         if self.has_server:
-            torch.manual_seed(derive_seed(seed, "torch", "init", SERVER))
+            seed_torch(derive_seed(seed, "torch", "init", SERVER))
             ex.states[SERVER] = alg.init_server(ex.context(SERVER, 0, plan))
 
     def get_states(self) -> dict[int, State]:
         return dict(self.ex.states)
 
     def set_states(self, states: dict[int, State]) -> None:
-        self.ex.states = dict(states)
+        lazy = LazyStates(self.ex, self.nodes)  # a home node not among them: made on first read
+        lazy.update(states)
+        self.ex.states = lazy
 
     # -- visits (balanced placement: lowband.engine.placement) ---------------------------------
     def relocate(self, away: dict[int, int], leaving: list[int], ship_data: bool) -> dict[int, tuple]:
@@ -562,6 +563,12 @@ class RoundLoop:
 # --------------------------------------------------------------------------- sharded backends
 
 
+def _own(d: Any) -> Any:
+    """A node's data as tensors of its own (a :class:`~lowband.data.federation.NodeView`
+    materialised), for a place in another process that does not share this one's pages."""
+    return d.materialize() if hasattr(d, "materialize") else d
+
+
 class ShardedExecutor:
     """The executor protocol over ``num_workers`` places in other processes (the pool's
     workers, Ray's actors): node states stay where their nodes live. Subclasses give the
@@ -604,7 +611,7 @@ class ShardedExecutor:
         """Place ``j``'s view of the environment: its nodes' data only, or every node's
         with ``all_data`` (and the server's in place 0)."""
         n, w = self.env.num_nodes, self.num_workers
-        data = [d if all_data or place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
+        data = [d if all_data else _own(d) if place_of(i, n, w) == j else None for i, d in enumerate(self.env.node_data)]
         server = self.env.server_data if j == 0 else ServerData(torch.empty(0), torch.empty(0, dtype=torch.long))
         return dataclasses.replace(self.env, node_data=data, server_data=server)
 

@@ -227,7 +227,7 @@ class Simulation:
     def _federation(self, given: Optional[Federation]) -> Federation:
         with config_errors("data"):
             fed = given if given is not None else make_federation(self.exp)
-        return fed if is_cpu(self.device) else to_device(fed, self.device)  # the data lives where training runs
+        return fed if is_cpu(self.device) else to_device(fed.materialize(), self.device)  # data lives where training runs
 
     def _model_builder(self) -> ModelBuilder:
         exp = self.exp

@@ -65,10 +65,19 @@ class FedCSPackFMNISTCNN(FeatureClassifier):
         self.head = nn.Linear(50, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(F.relu(self.fc1(self.row_trunk(x)))))
+
+    def row_trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolutions (to the flattened 320 features): each sample's output is the same
+        bits whatever else shares its batch, unlike the dense layers' matrix products (see
+        :data:`lowband.train.evaluate.ROW_ALIGN`). ``forward(x) = row_tail(row_trunk(x))``;
+        the pooled evaluation runs the trunk on unpadded rows (lowband.engine.evaluation)."""
         x = F.relu(pool2(self.conv1(x)))
-        x = F.relu(pool2(self.conv2_drop(self.conv2(x))))
-        x = self.drop(F.relu(self.fc1(x.flatten(1))))
-        return self.fc2(x)
+        return F.relu(pool2(self.conv2_drop(self.conv2(x)))).flatten(1)
+
+    def row_tail(self, z: torch.Tensor) -> torch.Tensor:
+        """The dense layers after :meth:`row_trunk` (fc 256, fc 50, the head)."""
+        return self.head(self.fc2(self.drop(F.relu(self.fc1(z)))))
 
 
 class FedCSPackCIFARCNN(FeatureClassifier):

@@ -1,8 +1,10 @@
 """Checkpoints and ``resume=True``: a killed run continues to the identical result.
 
 :class:`Checkpoint` (the last observer) writes ``checkpoint.pt`` every
-``checkpoint_every`` rounds and at the last: the round, every node's state (from where it
-lives), the ledger, the senders' codec states (error-feedback residuals, warm starts) and
+``checkpoint_every`` rounds and at the last: the round, the node states made so far (from
+where they live; a node never read is remade from its seed), the ledger's row count (its
+records go to ``ledger.bin``, appended since the previous checkpoint:
+:mod:`lowband.ledgerfile`), the senders' codec states (error-feedback residuals, warm starts) and
 each observer's :meth:`~lowband.engine.observers.base.Observer.checkpoint_state`.
 :class:`Resume` (the first observer) reads it back when the run starts: states, ledger,
 codec states, every observer's :meth:`~lowband.engine.observers.base.Observer.restore`;
@@ -17,6 +19,7 @@ from typing import Any
 
 from lowband.device import is_cpu, to_device
 from lowband.engine.observers.base import Observer, Round, Run
+from lowband.ledgerfile import LEDGER_LOG, append_ledger_log, read_ledger_log
 
 __all__ = ["Resume", "Checkpoint"]
 
@@ -50,8 +53,16 @@ class Resume(Observer):
         if ckpt is not None:
             run.start = int(ckpt["round"])
             log.check_no_hole(run.start)  # metrics.jsonl holds every evaluated round up to it
+            # the initial states first (lazy: only the server's is made now), so a node the
+            # checkpoint does not hold (never read before it) gets its initial state when read
+            sim.backend.init_states(sim.topology.plan(0) if sim.num_nodes else None)
             sim.executor.load_state_dict(ckpt["states"] if is_cpu(sim.device) else to_device(ckpt["states"], sim.device))
-            sim.ledger.load_state_dict(ckpt["ledger"])
+            if "ledger" in ckpt:  # a checkpoint written before ledger.bin
+                sim.ledger.load_state_dict(ckpt["ledger"])
+            else:
+                info = ckpt["ledger_file"]
+                sim.ledger.load_state_dict(read_ledger_log(log.dir / LEDGER_LOG, int(info["rows"]), info["kinds"],
+                                                           info.get("crc32")))
             load_codec_states(sim, ckpt.get("codecs", {}))
             for o in run.observers:
                 o.restore(ckpt)
@@ -62,6 +73,20 @@ class Resume(Observer):
 class Checkpoint(Observer):
     def __init__(self, every: int):
         self.every = int(every)
+        self._rows = 0  # ledger records already in ledger.bin
+        self._crc = 0  # the CRC-32 of those records' bytes
+        self._legacy = False  # resumed from a checkpoint that holds its ledger: keep that format
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        self._legacy = "ledger" in ckpt
+        self._rows = 0 if self._legacy else int(ckpt["ledger_file"]["rows"])
+        self._crc = 0 if self._legacy else int(ckpt["ledger_file"].get("crc32", 0))
+
+    def on_run_start(self, run: Run) -> None:
+        if run.start == 0:
+            self._rows, self._crc, self._legacy = 0, 0, False
+            if run.log is not None:
+                (run.log.dir / LEDGER_LOG).unlink(missing_ok=True)
 
     def on_round_end(self, run: Run, rnd: Round) -> None:
         r, rounds, log = rnd.number, run.exp.rounds, run.log
@@ -69,7 +94,12 @@ class Checkpoint(Observer):
             return
         sim = run.sim
         codecs = codec_states(sim)
-        ckpt: dict[str, Any] = {"round": r, "states": sim.executor.state_dict(), "ledger": sim.ledger.state_dict(),
+        if self._legacy:
+            ledger: dict[str, Any] = {"ledger": sim.ledger.state_dict()}
+        else:
+            self._rows, self._crc = append_ledger_log(log.dir / LEDGER_LOG, sim.ledger, self._rows, self._crc)
+            ledger = {"ledger_file": {"rows": self._rows, "kinds": list(sim.ledger.kinds), "crc32": self._crc}}
+        ckpt: dict[str, Any] = {"round": r, "states": sim.executor.state_dict(), **ledger,
                                 **({"codecs": codecs} if codecs else {})}
         for o in run.observers:
             ckpt.update(o.checkpoint_state())
