@@ -20,6 +20,7 @@ from lowband.config import validate
 from lowband.data import partition as P
 from lowband.data.federation import NodeData, NodeView, build_federation
 from lowband.data.sources import load_dataset
+from lowband.engine.runlog import RunLog
 from lowband.engine.simulator import Simulation
 from lowband.seeding import np_gen
 
@@ -142,7 +143,7 @@ def test_a_checkpoint_that_holds_its_ledger_still_resumes(tmp_path: Path) -> Non
     ckpt = torch.load(d / "checkpoint.pt", weights_only=True)
     ckpt.pop("ledger_file")
     ckpt["ledger"] = sim.ledger.state_dict()
-    torch.save(ckpt, d / "checkpoint.pt")
+    RunLog(d).save_checkpoint(ckpt)  # as an older lowband wrote it (the manifest updated)
     (d / "ledger.bin").unlink()
     Simulation(validate(cfg), resume=True).run()
     assert (d / "metrics.jsonl").read_text() == (Path(full.run_dir()) / "metrics.jsonl").read_text()
