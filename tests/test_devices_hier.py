@@ -4,6 +4,7 @@ messages travel on the devices' links."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_gateways_are_nodes_with_their_own_state_and_link(tmp_path: Path) -> Non
     sim = Simulation(validate(cfg))
     res = sim.run()
     states = sim.executor.states
-    assert set(states[8]) == {"params"} and "params" not in states[0]
+    assert set(states[8]) == {"params", "n"} and "params" not in states[0]
     assert any((states[8]["params"][k] != states[9]["params"][k]).any() for k in states[8]["params"])
     nb, lte = PRESETS["nbiot"], PRESETS["lte"]
     cols = sim.ledger.columns()
@@ -93,3 +94,41 @@ def test_hierfavg_refuses_too_few_nodes_for_its_gateways(tmp_path: Path) -> None
     cfg = digits_config(tmp_path, "hierfavg", rounds=1, edges=5)
     with pytest.raises(ConfigError, match="8 nodes cannot hold 5 gateways"):
         Simulation(validate(cfg))
+
+
+def test_a_gateway_whose_devices_left_sends_its_last_edge_model(tmp_path: Path) -> None:
+    """Devices 0-3 (gateway 8) are on only for the round's first edge aggregation: their
+    later replies are lost, yet gateway 8 still sends the edge model they made to the cloud
+    (weighted by their examples); devices 4-7 stay on throughout."""
+    from lowband.devices.traces import write_availability_trace
+
+    def run(name: str, windows: dict) -> Simulation:
+        cfg = _cfg(tmp_path / name, rounds=1)
+        cfg["topology"] = {"kind": "star", "sampling": "all"}
+        cfg["links"] = {"preset": "nbiot", "nodes": {"lte": [8, 9]}}
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        write_availability_trace(tmp_path / name / "a.csv", windows)
+        cfg["devices"] = {"availability": {"kind": "trace", "path": str(tmp_path / name / "a.csv")}}
+        sim = Simulation(validate(cfg))
+        sim.run()
+        return sim
+
+    on = {i: [(0.0, 1e9)] for i in range(8)}
+    full = run("full", on)
+    cols = full.ledger.columns()
+    model = full.observer(LinkClock).timer.model
+    clock = model.clock(0.0, 1)
+    first_reply = {}
+    for s, d, di, b in zip(cols["src"].tolist(), cols["dst"].tolist(), cols["direction"].tolist(),
+                           cols["encoded"].tolist()):
+        t = clock.transfer(s, d, DIRECTIONS[di], b)
+        if d == 8 and s in range(4) and s not in first_reply:
+            first_reply[s] = t
+    leave = max(first_reply.values()) + 1.0  # after their first replies, before their second
+    gone = run("gone", {**on, **{i: [(0.0, leave)] for i in range(4)}})
+    gcols = gone.ledger.columns()
+    up8 = (gcols["src"] == 8) & (gcols["dst"] == SERVER)
+    assert int(up8.sum()) == 1  # gateway 8 still reports to the cloud
+    last = json.loads((Path(gone.exp.run_dir()) / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["devices/departed"] == 4
+    assert gone.executor.states[8]["n"] == 0  # reset after the round

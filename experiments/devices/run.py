@@ -15,6 +15,7 @@ Usage (from the repository root)::
     python experiments/devices/run.py run [CELL ...]  # run them (resumable), record them
     python experiments/devices/run.py render          # docs/results/devices.md's tables, from the store
     python experiments/devices/run.py render-async    # the asynchronous cells' table (staleness, lost jobs)
+    python experiments/devices/run.py pages COMMIT DATE  # the page's quoted numbers into the store
 
 Runs go to ``runs/devices/<cell>`` (``LOWBAND_RUNS`` to move them); their records to
 ``docs/results/records/devices/``.
@@ -227,6 +228,22 @@ def render() -> str:
             f"{_fmt_h(s.get('sim_time_s'))} | {_fmt_h(s.get('time_to_target_s'))} | "
             f"{final['bytes/total'] / 1e6:.2f} | {'not reached' if btt is None else f'{btt / 1e6:.2f}'} | "
             f"{e.get('mean', float('nan')):.1f} / {e.get('max', float('nan')):.1f} | {share} |")
+    tiers = ["", "| cell | device links (MB) | gateway-cloud links (MB) | device-rounds lost to departures | replies past the "
+             "deadline | devices on at a round's start (mean of 100) | compute per upload, mean / max (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for cell in CELLS:
+        rec = recs.get(cell.name)
+        if rec is None:
+            continue
+        s = rec.header["summary"]
+        inc = s.get("incidents") or {}
+        cloud = s["bytes_up"] + s["bytes_down"]
+        dev, gw = (s["bytes_peer"], cloud) if cell.gateways else (cloud, 0)
+        c = s.get("compute_s_per_upload") or {}
+        tiers.append(f"| {cell.name} | {dev / 1e6:.2f} | {gw / 1e6:.2f} | {inc.get('devices/departed', 0)} | "
+                     f"{inc.get('links/late', 0) if 'deadline' in cell.name else '-'} | "
+                     f"{s.get('devices_available_mean', float('nan')):.1f} | "
+                     f"{c.get('mean', float('nan')):.2f} / {c.get('max', float('nan')):.2f} |")
     curve = ["", "| cell | round | simulated time | bytes (MB) | global acc | devices on at round start |",
              "|---|---|---|---|---|---|"]
     for cell in CELLS:
@@ -238,7 +255,26 @@ def render() -> str:
                 curve.append(f"| {cell.name} | {m['round']} | {m.get('time/sim_s', 0.0) / 3600:.2f} h | "
                              f"{m['bytes/total'] / 1e6:.2f} | {100 * m['global/acc']:.2f}% | "
                              f"{m.get('devices/available', '-')} |")
-    return "\n".join(lines + curve)
+    return "\n".join(lines + tiers + curve)
+
+
+def page_numbers(commit: str, date: str) -> Path:
+    """``docs/results/records/pages/devices.jsonl``: the numbers docs/results/devices.md
+    quotes, each read from the records by :func:`render` (tables) or from the setup above
+    (the constants of this script), with where they were read."""
+    from lowband.results.pages import page_record_path, quoted_numbers
+
+    results = ROOT / "docs" / "results"
+    page = results / "devices.md"
+    nums = sorted(set(quoted_numbers(page.read_text())))
+    why = ("rendered from the run records in docs/results/records/devices/ by experiments/devices/run.py render; "
+           "the setup's constants are experiments/devices/run.py's")
+    head = {"record": 1, "kind": "imported", "page": "docs/results/devices.md",
+            "provenance": {"page": "docs/results/devices.md", "commit": commit, "date": date, "why": why}}
+    path = page_record_path(results, "devices.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(x) + "\n" for x in [head, *({"number": n} for n in nums)]))
+    return path
 
 
 def render_async() -> str:
@@ -271,6 +307,9 @@ def render_async() -> str:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "render-async":
         print(render_async())
+        return 0
+    if argv and argv[0] == "pages":
+        print(page_numbers(*argv[1:3]))
         return 0
     if not argv or argv[0] not in ("configs", "run", "render"):
         print(__doc__)

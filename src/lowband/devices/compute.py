@@ -198,10 +198,11 @@ def read_compute_trace(path: str | Path, num_nodes: int) -> DeviceSet:
                      tuple(jpf[i] for i in range(num_nodes)))
 
 
-def class_counts(devices: DeviceSet) -> dict[str, int]:
-    """How many devices of each class (for the summary)."""
+def class_counts(devices: DeviceSet, nodes: Optional[Sequence[int]] = None) -> dict[str, int]:
+    """How many devices of each class among ``nodes`` (all by default), for the summary."""
     out: dict[str, int] = {}
-    for c in devices.classes:
+    for i in (range(len(devices)) if nodes is None else nodes):
+        c = devices.classes[i]
         out[c] = out.get(c, 0) + 1
     return dict(sorted(out.items()))
 

@@ -109,7 +109,7 @@ class HierFAVG(Algorithm):
 
     # -- state ---------------------------------------------------------------------------
     def init_node(self, ctx: NodeContext) -> State:
-        return {"params": ctx.init_params()} if ctx.node in self.gateways else {}
+        return {"params": ctx.init_params(), "n": 0} if ctx.node in self.gateways else {}
 
     def init_server(self, ctx: NodeContext) -> State:
         return {"params": ctx.init_params()}
@@ -143,11 +143,12 @@ class HierFAVG(Algorithm):
 
     # -- gateways ------------------------------------------------------------------------
     def _edge_average(self, state: State, inbox: list[Envelope]) -> tuple[dict, float]:
-        """The sample-weighted average of the devices' models in ``inbox`` (the edge model
-        unchanged when none arrived) and the examples behind it."""
+        """The sample-weighted average of the devices' models in ``inbox`` and the examples
+        behind it; when none arrived (its devices absent or gone), the edge model of the
+        round's last edge aggregation and its examples (0 before any in this round)."""
         ups = [e for e in inbox if e.msg.kind == "weights"]
         if not ups:
-            return state["params"], 0.0
+            return state["params"], float(state.get("n", 0))
         base = state["params"]
         models = [{k: e.msg.tensors.get(k, v) for k, v in base.items()} for e in ups]
         weights = [float(e.msg.meta["num_examples"]) for e in ups]
@@ -159,18 +160,19 @@ class HierFAVG(Algorithm):
         addresses the devices' minibatch order)."""
         if k == 1:
             glob = [e for e in inbox if e.src == SERVER]
-            params = dict(glob[0].msg.tensors) if glob else state["params"]
+            params, n = (dict(glob[0].msg.tensors) if glob else state["params"]), 0.0
         else:
-            params, _ = self._edge_average(state, inbox)
+            params, n = self._edge_average(state, inbox)
         mine = self.devices_of(ctx.node, ctx.plan)
-        return {**state, "params": params}, Outbox().broadcast(mine, Message("edge", dict(params), meta={"k": k}))
+        out = Outbox().broadcast(mine, Message("edge", dict(params), meta={"k": k}))
+        return {**state, "params": params, "n": int(n)}, out
 
     def edge_up(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
         params, n = self._edge_average(state, inbox)
         out = Outbox()
-        if n > 0:
+        if n > 0:  # an edge model that learned something this round (none: nothing to send)
             out.send(SERVER, Message("edge_weights", dict(params), meta={"num_examples": int(n)}))
-        return {**state, "params": params}, out
+        return {**state, "params": params, "n": 0}, out
 
     # -- devices -------------------------------------------------------------------------
     def device_job(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> SGDJob:

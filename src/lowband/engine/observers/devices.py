@@ -214,8 +214,8 @@ class Devices(Observer):
         exempt = self._exempt(run)
         nodes = [i for i in range(n) if i not in exempt]
         model = self.timer.model
-        if self.devices is not None:
-            summary["devices"] = class_counts(self.devices)
+        if self.devices is not None:  # the devices' classes (infrastructure nodes are not devices)
+            summary["devices"] = class_counts(self.devices, nodes)
         summary["compute_s_per_upload"] = summary_stats([model.compute(i) for i in nodes])
         if self.train_flops is not None:
             summary["energy_compute_j"] = float(self._compute_cum[-1])
