@@ -51,12 +51,13 @@ def local_transform(dp: DPConfig) -> str:
     return f"clip({dp.clip!r})+gauss({dp.noise_multiplier!r})"
 
 
-def central_mechanism(dp: DPConfig, population: int, cohort: int, sampling: str) -> SampledGaussian:
-    """The per-round Gaussian release of DP-FedAvg under the run's sampling."""
+def central_mechanism(dp: DPConfig, population: int, cohort: float, sampling: str) -> SampledGaussian:
+    """The per-round Gaussian release of DP-FedAvg under the run's sampling (``cohort``: the
+    expected clients a round, ``q * N`` under Poisson)."""
     return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling)
 
 
-def plan_central(dp: DPConfig, population: int, cohort: int, sampling: str, rounds: int) -> EpsilonTrack:
+def plan_central(dp: DPConfig, population: int, cohort: float, sampling: str, rounds: int) -> EpsilonTrack:
     """Central DP's epsilon per round; :class:`PrivacyRefused` over ``dp.target_epsilon``."""
     try:
         return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling), rounds, dp.delta,
@@ -98,9 +99,10 @@ def secagg_run(sa: SecAggConfig, skellam: Any = None) -> Any:
         raise PrivacyRefused(str(e).splitlines()[0]) from None
 
 
-def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: int, dims: int) -> PrivacySetup:
+def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: float, dims: int) -> PrivacySetup:
     """The run's privacy (module docstring). ``population``: clients that may be sampled,
-    ``cohort``: clients a round, ``dims``: float coordinates of the model."""
+    ``cohort``: clients a round (expected: ``q * N`` under Poisson sampling), ``dims``: float
+    coordinates of the model."""
     dp, sa = exp.dp, exp.secagg
     mech = dp.mechanism if dp is not None else "none"
     secure = sa is not None and sa.enabled
@@ -127,7 +129,7 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
     skellam = None
     if mech == "distributed":
         assert dp is not None
-        skellam, out.track = plan_distributed(dp, cohort, dims, exp.rounds)
+        skellam, out.track = plan_distributed(dp, int(cohort), dims, exp.rounds)
     if secure:
         from .secagg_steps import with_secagg
 
@@ -138,9 +140,16 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
 
 def build_for_run(exp: Any, algorithm: type, topology: Any, population: int, init: dict) -> Any:
     """:func:`build_privacy` for a run: the cohort is the topology's clients a round (a fixed
-    schedule: its largest round), the dimension the model's floating-point entries."""
-    cohort = int(getattr(topology, "per_round", population))
-    if cohort < 1:
+    schedule: its largest round; Poisson sampling: the expected ``q * N``, exactly what the
+    accountant's sampling rate and DP-FedAvg's fixed denominator need), the dimension the
+    model's floating-point entries."""
+    cohort: float = int(getattr(topology, "per_round", population))
+    if getattr(topology, "sampling", None) == "poisson":
+        cohort = float(topology.fraction) * population
+        if cohort < 1:
+            raise PrivacyRefused(f"topology.fraction = {topology.fraction:g} expects {cohort:.3g} of {population} "
+                                 f"clients a round; DP-FedAvg needs at least one expected: raise topology.fraction")
+    elif cohort < 1:
         cohort = max(len(s) for s in topology.schedule)
     dims = sum(v.numel() for v in init.values() if v.is_floating_point())
     return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims)

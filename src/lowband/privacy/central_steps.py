@@ -46,8 +46,8 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
         dp_track = track
 
         def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
-            if not inbox:
-                return {**state, "dp_round": ctx.round}, Outbox()
+            # an empty inbox (a Poisson round that sampled nobody, or every reply lost) still
+            # releases the noise: the mechanism's output may not reveal that the cohort was empty
             glob = state["params"]
             names = sorted(k for k, v in glob.items() if v.is_floating_point())
             ref = torch.cat([glob[k].reshape(-1).float() for k in names])
@@ -59,7 +59,7 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
                 else:
                     rows.append(torch.cat([(t[k] if k in t else torch.zeros_like(glob[k])).reshape(-1).float()
                                            for k in names]))
-            inp = _Input(torch.stack(rows), torch.ones(len(rows)), tuple(e.src for e in inbox), SERVER, ctx.round, ref)
+            inp = _Input(torch.stack(rows) if rows else torch.zeros((0, ref.numel())), torch.ones(len(rows)), tuple(e.src for e in inbox), SERVER, ctx.round, ref)
             if "dp_clip" in state:
                 self.dp_rule.load_state_dict({"clip": float(state["dp_clip"])})
             agg, counters = self.dp_rule(inp, torch_gen(ctx.seed, "dp-central", ctx.round))

@@ -52,6 +52,10 @@ def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, alg
         if robust_rule is not None:
             raise ValueError(f"dp.mechanism = \"central\" and aggregation rule {robust_rule!r} are both aggregation "
                              f"rules: choose one")
+    if dp.mechanism == "distributed" and sampling == "poisson":
+        raise ValueError("dp.mechanism = \"distributed\" splits the Skellam noise over a known cohort, but "
+                         "topology.sampling = \"poisson\" draws a random one (fewer clients would add less noise "
+                         "than accounted): use topology.sampling = \"count\" or \"fraction\"")
     if dp.mechanism == "distributed" and not secagg.enabled:
         raise ValueError("dp.mechanism = \"distributed\" adds noise inside secure aggregation: set "
                          "secagg.enabled = true")
@@ -76,7 +80,8 @@ def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, alg
 
 def run_sampling(exp: Experiment) -> str:
     """The sampling event of a server run's cohort: ``"fixed"`` (``topology.sampling`` =
-    ``"count"``/``"fraction"``: a fixed-size cohort without replacement), ``"all"`` or ``"list"``."""
+    ``"count"``/``"fraction"``: a fixed-size cohort without replacement), ``"poisson"``
+    (each client independently with probability ``topology.fraction``), ``"all"`` or ``"list"``."""
     s = exp.topology.sampling
     return "fixed" if s in ("count", "fraction") else s
 
