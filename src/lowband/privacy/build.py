@@ -27,7 +27,7 @@ from typing import Any, Optional
 from lowband.config.schema import DPConfig, Experiment, SecAggConfig
 
 from .accountant import EpsilonTrack, PrivacyBudgetError, SampledGaussian
-from .config import PrivacyRefused, run_sampling
+from .config import PrivacyRefused, run_sampling, secagg_sparse_fraction
 
 
 @dataclass
@@ -86,23 +86,26 @@ def plan_distributed(dp: DPConfig, cohort: int, dims: int, rounds: int) -> tuple
     return sk, EpsilonTrack(tuple(eps), float(dp.delta), "skellam-rdp", target)
 
 
-def secagg_run(sa: SecAggConfig, skellam: Any = None) -> Any:
-    """The SecAgg settings of a run (distributed DP: the ring is ``dp.bits`` wide)."""
+def secagg_run(sa: SecAggConfig, skellam: Any = None, sparse: Optional[float] = None) -> Any:
+    """The SecAgg settings of a run (distributed DP: the ring is ``dp.bits`` wide; ``sparse``:
+    the ``sharedmask`` fraction the masked vector carries)."""
     from .secagg import SecAggParams
     from .secagg_steps import SecAggRun
 
     bits = skellam.bits if skellam is not None else sa.modulus_bits
     try:
         return SecAggRun(SecAggParams(modulus_bits=bits, degree=sa.degree, threshold=sa.threshold),
-                         clip_range=sa.clip_range, levels_bits=sa.levels_bits, skellam=skellam)
+                         clip_range=sa.clip_range, levels_bits=sa.levels_bits, skellam=skellam, sparse=sparse)
     except ValueError as e:
         raise PrivacyRefused(str(e).splitlines()[0]) from None
 
 
-def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: float, dims: int) -> PrivacySetup:
+def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: float, dims: int,
+                  shapes: Optional[list[tuple[int, ...]]] = None) -> PrivacySetup:
     """The run's privacy (module docstring). ``population``: clients that may be sampled,
     ``cohort``: clients a round (expected: ``q * N`` under Poisson sampling), ``dims``: float
-    coordinates of the model."""
+    coordinates of the model; ``shapes``: their tensors' shapes (a ``sharedmask`` uplink keeps
+    ``ceil(frac * numel)`` of each)."""
     dp, sa = exp.dp, exp.secagg
     mech = dp.mechanism if dp is not None else "none"
     secure = sa is not None and sa.enabled
@@ -127,14 +130,20 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
         out.transform = local_transform(dp)
         out.local = LocalDPTrack(dp.noise_multiplier, dp.delta, dp.accountant)
     skellam = None
+    sparse = secagg_sparse_fraction(exp)
+    if mech == "central" and sparse is not None:  # noise on the round's public support only
+        out.algorithm.dp_support = sparse
     if mech == "distributed":
+        from .sparsify import support_size
+
         assert dp is not None
-        skellam, out.track = plan_distributed(dp, int(cohort), dims, exp.rounds)
+        skellam, out.track = plan_distributed(dp, int(cohort), dims if sparse is None else
+                                              support_size(sparse, shapes or [(dims,)]), exp.rounds)
     if secure:
         from .secagg_steps import with_secagg
 
         assert sa is not None
-        out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam))
+        out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam, sparse))
     return out
 
 
@@ -152,4 +161,5 @@ def build_for_run(exp: Any, algorithm: type, topology: Any, population: int, ini
     elif cohort < 1:
         cohort = max(len(s) for s in topology.schedule)
     dims = sum(v.numel() for v in init.values() if v.is_floating_point())
-    return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims)
+    shapes = [tuple(v.shape) for v in init.values() if v.is_floating_point()]
+    return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims, shapes=shapes)

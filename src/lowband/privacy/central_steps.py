@@ -32,6 +32,7 @@ class _Input:
     node: int
     round: int
     reference: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    support: Optional[torch.Tensor] = None
 
 
 def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = None) -> type:
@@ -44,6 +45,9 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
     class Private(cls):  # type: ignore[misc, valid-type]
         dp_rule = rule
         dp_track = track
+        #: ``sharedmask(frac)`` uplink: the noise goes on the round's public support only
+        #: (lowband.privacy.sparsify); None: on every coordinate
+        dp_support: Optional[float] = None
 
         def server_aggregate(self, ctx: NodeContext, state: State, inbox: list[Envelope]) -> tuple[State, Outbox]:
             # an empty inbox (a Poisson round that sampled nobody, or every reply lost) still
@@ -60,6 +64,11 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
                     rows.append(torch.cat([(t[k] if k in t else torch.zeros_like(glob[k])).reshape(-1).float()
                                            for k in names]))
             inp = _Input(torch.stack(rows) if rows else torch.zeros((0, ref.numel())), torch.ones(len(rows)), tuple(e.src for e in inbox), SERVER, ctx.round, ref)
+            if self.dp_support is not None:
+                from .sparsify import message_support
+
+                inp.support = message_support(self.dp_support, ctx.seed, ctx.round, getattr(self.hp, "upload", "delta"),
+                                              [(k, tuple(glob[k].shape)) for k in names])
             if "dp_clip" in state:
                 self.dp_rule.load_state_dict({"clip": float(state["dp_clip"])})
             agg, counters = self.dp_rule(inp, torch_gen(ctx.seed, "dp-central", ctx.round))

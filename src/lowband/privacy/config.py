@@ -23,10 +23,11 @@ class PrivacyRefused(ConfigError):
     """A privacy setting the run cannot serve (one line: what and how to fix)."""
 
 
-#: uplink codecs SecAgg accepts: the upload travels as the masked field vector (the field
-#: quantisation, ``secagg.levels_bits``, is its codec); any other uplink codec would be ignored.
-#: lowband's random masks and sketches draw their randomness per sender, so they are not
-#: summable across clients; a round-shared-seed rand-k or sketch is not implemented.
+#: uplink codecs SecAgg accepts besides ``sharedmask(frac)``: the upload travels as the masked
+#: field vector (the field quantisation, ``secagg.levels_bits``, is its codec). ``sharedmask``
+#: keeps the round's shared coordinates, so the masked vector carries only those
+#: (lowband.privacy.sparsify); lowband's top-k, random masks and sketches draw their
+#: coordinates per sender and are refused.
 SECAGG_UPLINK_CODECS = ("fp32",)
 
 
@@ -71,11 +72,31 @@ def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, alg
             raise ValueError("secagg.enabled = true hides individual updates from the server, which central DP "
                              "must clip: use dp.mechanism = \"distributed\" (or \"local\")")
         for spec in uplink_codecs:
-            if spec not in SECAGG_UPLINK_CODECS:
-                raise ValueError(f"secagg.enabled = true sends each update as a masked vector in a finite field "
-                                 f"(quantised to 2**secagg.levels_bits levels), so uplink codec {spec!r} would be "
-                                 f"ignored; drop it (lowband's top-k, qsgd, int8, random masks and sketches are "
-                                 f"per-client, not summable)")
+            if spec not in SECAGG_UPLINK_CODECS and not _summable(spec):
+                raise ValueError(f"secagg.enabled = true sums masked vectors position by position, so uplink codec "
+                                 f"{spec!r} cannot be carried (top-k's client-chosen indices, qsgd's and int8's "
+                                 f"per-client scales, per-client random masks and error feedback are not summable); "
+                                 f"use fp32 or the round-shared sparsifier sharedmask(frac)")
+
+
+def _summable(spec: str) -> bool:
+    """``sharedmask(frac)`` alone: SecAgg carries its round-shared coordinates (lowband.privacy.sparsify)."""
+    from .sparsify import shared_fraction
+
+    try:
+        return shared_fraction(spec) is not None and spec.startswith("sharedmask(")
+    except ValueError:
+        return False
+
+
+def secagg_sparse_fraction(exp: Experiment) -> Optional[float]:
+    """The ``frac`` of a ``sharedmask(frac)`` uplink codec (the link's), else None."""
+    from .sparsify import shared_fraction
+
+    try:
+        return shared_fraction(exp.comm.by_direction.get("up", exp.comm.codec))
+    except ValueError:
+        return None
 
 
 def run_sampling(exp: Experiment) -> str:
