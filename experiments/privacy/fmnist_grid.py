@@ -13,7 +13,7 @@ Each cell is one run folder under OUT_DIR with its record (lowband.results.recor
 whose summary exists is skipped (rerun the script to resume). Refused cells are written with
 their one-line reason. ``grid.jsonl`` collects one line a cell.
 
-    python experiments/privacy/fmnist_grid.py OUT_DIR [--rounds 40]
+    python experiments/privacy/fmnist_grid.py OUT_DIR [--rounds 100]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def dp_section(eps: float, rounds: int, codec: str, secure: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--only", default="", help="comma-separated cell names (a quick look)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +112,11 @@ def main() -> None:
                         lines.append(line)
                         print(json.dumps(line), flush=True)
                         continue
+                    except Exception as e:  # one broken cell must not cost the others their slot
+                        line.update(status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0])
+                        lines.append(line)
+                        print(json.dumps(line), flush=True)
+                        continue
                     write_record(run)
                 s = json.loads((run / "summary.json").read_text())
                 mets = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -122,6 +127,7 @@ def main() -> None:
                                    for m in mets if "global/acc" in m])
                 lines.append(line)
                 print(json.dumps({k: v for k, v in line.items() if k != "curve"}), flush=True)
+        (args.out / "grid.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))  # as it goes
     (args.out / "grid.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
