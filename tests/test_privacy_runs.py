@@ -154,7 +154,8 @@ def test_secagg_ledger_holds_the_protocol_at_its_formula_sizes(tmp_path: Path) -
     ("fedavg", {"secagg": {"enabled": True}, "dp": CENTRAL}, "distributed"),
     ("fedavg", {"dp": {"mechanism": "distributed", "clip": 1.0}}, "secagg.enabled"),
     ("fedavg", {"dp": {"mechanism": "local", "clip": 1.0, "target_epsilon": 4.0}}, "local_epsilon"),
-    ("scaffold", {"dp": CENTRAL}, "two sums"),
+    ("scaffold", {"dp": CENTRAL, "topology": {"kind": "star", "sampling": "poisson", "fraction": 0.5}},
+     "Poisson sampling makes private"),
     ("fedavg", {"secagg": {"enabled": True}, "comm": {"norm_factor": 10.0}}, "norm screen"),
 ])
 def test_refused_combinations_say_why_in_one_line(tmp_path: Path, alg: str, sections: dict, words: str) -> None:

@@ -51,16 +51,19 @@ def local_transform(dp: DPConfig) -> str:
     return f"clip({dp.clip!r})+gauss({dp.noise_multiplier!r})"
 
 
-def central_mechanism(dp: DPConfig, population: int, cohort: float, sampling: str) -> SampledGaussian:
-    """The per-round Gaussian release of DP-FedAvg under the run's sampling (``cohort``: the
-    expected clients a round, ``q * N`` under Poisson)."""
-    return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling)
+def central_mechanism(dp: DPConfig, population: int, cohort: float, sampling: str,
+                      releases: int = 1) -> SampledGaussian:
+    """The per-round Gaussian release(s) of DP-FedAvg under the run's sampling (``cohort``: the
+    expected clients a round, ``q * N`` under Poisson; ``releases``: sums released a round)."""
+    return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling,
+                           releases)
 
 
-def plan_central(dp: DPConfig, population: int, cohort: float, sampling: str, rounds: int) -> EpsilonTrack:
+def plan_central(dp: DPConfig, population: int, cohort: float, sampling: str, rounds: int,
+                 releases: int = 1) -> EpsilonTrack:
     """Central DP's epsilon per round; :class:`PrivacyRefused` over ``dp.target_epsilon``."""
     try:
-        return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling), rounds, dp.delta,
+        return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling, releases), rounds, dp.delta,
                                  dp.accountant, dp.target_epsilon)
     except PrivacyBudgetError as e:
         raise PrivacyRefused(str(e)) from None
@@ -111,11 +114,19 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
     secure = sa is not None and sa.enabled
     out = PrivacySetup(algorithm, mechanism=mech, secagg=secure)
     if mech == "central":
-        from .central import AdaptiveClip, DPFedAvg
-        from .central_steps import with_central_dp
+        from .central import AdaptiveClip, DPFedAvg, central_dp_releases
+        from .central_steps import with_central_dp, with_central_dp_hook
 
         assert dp is not None
-        out.track = plan_central(dp, population, cohort, run_sampling(exp), exp.rounds)
+        releases = central_dp_releases(exp.algorithm.name, getattr(algorithm, "family", "server"))
+        out.track = plan_central(dp, population, cohort, run_sampling(exp), exp.rounds, releases)
+        if releases > 1:  # SCAFFOLD: model and control-variate deltas, each its own release
+            try:
+                rules = tuple(DPFedAvg(dp.clip, dp.noise_multiplier, expected_cohort=cohort) for _ in range(releases))
+            except ValueError as e:
+                raise PrivacyRefused(str(e).splitlines()[0]) from None
+            out.algorithm = with_central_dp_hook(algorithm, rules)
+            return out
         adaptive = (AdaptiveClip(dp.target_quantile, dp.clip_learning_rate, dp.clip or AdaptiveClip.initial_clip,
                                  dp.bit_noise) if dp.adaptive_clip else None)
         try:

@@ -157,10 +157,15 @@ def _check_wiring(exp: Any, family: str) -> None:
     from .central import central_dp_releases
 
     dp = exp.dp
-    if dp is not None and dp.mechanism == "central" and central_dp_releases(exp.algorithm.name, family) != 1:
-        raise ValueError(f"dp.mechanism = \"central\" with {exp.algorithm.name!r} releases two sums a round (model "
-                         f"and control-variate deltas), which needs the aggregation hook (lowband.aggregation); "
-                         f"not wired yet: use dp.mechanism = \"local\" or fedavg, fedprox, moon, fedntd")
+    if dp is not None and dp.mechanism == "central" and central_dp_releases(exp.algorithm.name, family) > 1:
+        name = exp.algorithm.name
+        if dp.adaptive_clip:
+            raise ValueError(f"dp.adaptive_clip with {name!r}: its two releases a round (model and control-variate "
+                             f"deltas) share one fixed clip; set dp.clip and dp.adaptive_clip = false")
+        if run_sampling(exp) == "poisson":
+            raise ValueError(f"dp.mechanism = \"central\" with {name!r}: its server scales the control-variate "
+                             f"sum by the number of replies, which Poisson sampling makes private; use "
+                             f"topology.sampling = \"count\" or \"fraction\"")
     if dp is not None and dp.mechanism == "local":
         if dp.target_epsilon is not None:
             raise ValueError("dp.target_epsilon is planned before the run for central and distributed DP; local DP's "
