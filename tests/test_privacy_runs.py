@@ -220,14 +220,17 @@ def test_frontier_takes_dp_and_secagg_keys_and_marks_refused_cells(tmp_path: Pat
     path = tmp_path / "base.toml"
     path.write_text(tomli_w.dumps(cfg))
     out = tmp_path / "front"
-    rc = main(["frontier", str(path), "--methods", "fedavg,fedcspack", "--codecs", "fp32,qsgd(4)",
+    rc = main(["frontier", str(path), "--methods", "fedavg,fedcspack", "--codecs", "fp32,qsgd(4),sharedmask(0.1)",
                "dp.target_epsilon=8", "secagg.enabled=true", "--backend", "serial", "--quiet", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     rows = {(r["method"], r["codec"]): r for r in csv.DictReader(open(out / "frontier.csv"))}
     ok = rows[("fedavg", "fp32")]
     assert ok["status"] == "ok" and 0 < float(ok["epsilon"]) <= 8 and float(ok["secagg_bytes"]) > 0
     assert rows[("fedavg", "qsgd(4)")]["status"] == "refused" and "qsgd" in rows[("fedavg", "qsgd(4)")]["reason"]
-    for codec in ("fp32", "qsgd(4)"):
+    sparse = rows[("fedavg", "sharedmask(0.1)")]  # the summable sparsifier is served, at a fraction of the bytes
+    assert sparse["status"] == "ok" and 0 < float(sparse["epsilon"]) <= 8
+    assert float(sparse["secagg_bytes"]) < 0.5 * float(ok["secagg_bytes"])
+    for codec in ("fp32", "qsgd(4)", "sharedmask(0.1)"):
         r = rows[("fedcspack", codec)]
         assert r["status"] == "refused" and "fedcspack" in r["reason"] and "\n" not in r["reason"]
     md = (out / "frontier.md").read_text()
