@@ -154,8 +154,6 @@ def test_secagg_ledger_holds_the_protocol_at_its_formula_sizes(tmp_path: Path) -
     ("fedavg", {"secagg": {"enabled": True}, "dp": CENTRAL}, "distributed"),
     ("fedavg", {"dp": {"mechanism": "distributed", "clip": 1.0}}, "secagg.enabled"),
     ("fedavg", {"dp": {"mechanism": "local", "clip": 1.0, "target_epsilon": 4.0}}, "local_epsilon"),
-    ("scaffold", {"dp": CENTRAL, "topology": {"kind": "star", "sampling": "poisson", "fraction": 0.5}},
-     "Poisson sampling makes private"),
     ("fedavg", {"secagg": {"enabled": True}, "comm": {"norm_factor": 10.0}}, "norm screen"),
 ])
 def test_refused_combinations_say_why_in_one_line(tmp_path: Path, alg: str, sections: dict, words: str) -> None:
@@ -183,7 +181,9 @@ class _Kill(Exception):
 
 @pytest.mark.parametrize("alg,section", [("fedavg", {"dp": {**CENTRAL, "adaptive_clip": True, "clip": None, "bit_noise": 1.0}}),
                                          ("dfedavg", {"dp": {"mechanism": "local", "clip": 1.0}}),
-                                         ("fedavg", {"secagg": {"enabled": True, "degree": 2}})])
+                                         ("fedavg", {"secagg": {"enabled": True, "degree": 2}}),
+                                         ("fedavg", {"dp": CENTRAL, "topology": {"kind": "star", "sampling": "poisson",
+                                                                                 "fraction": 0.4}})])
 def test_a_killed_privacy_run_resumes_to_the_byte(tmp_path: Path, alg: str, section: dict) -> None:
     sec = {k: {kk: vv for kk, vv in v.items() if vv is not None} for k, v in section.items()}
     full = validate({**_cfg(tmp_path / "full", alg, rounds=4, **sec), "checkpoint_every": 1})

@@ -80,3 +80,8 @@ def test_scaffold_central_dp_refusals_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="share one fixed clip") as e:
         Simulation(validate(cfg))
     assert "\n" not in str(e.value)
+    cfg["dp"] = CENTRAL
+    cfg["topology"] = {"kind": "star", "sampling": "poisson", "fraction": 0.5}
+    with pytest.raises(ConfigError, match="Poisson sampling makes private") as e:
+        Simulation(validate(cfg))
+    assert "\n" not in str(e.value)
