@@ -63,7 +63,8 @@ def with_central_dp(cls: type, rule: DPFedAvg, track: Optional[EpsilonTrack] = N
                 else:
                     rows.append(torch.cat([(t[k] if k in t else torch.zeros_like(glob[k])).reshape(-1).float()
                                            for k in names]))
-            inp = _Input(torch.stack(rows) if rows else torch.zeros((0, ref.numel())), torch.ones(len(rows)), tuple(e.src for e in inbox), SERVER, ctx.round, ref)
+            inp = _Input(torch.stack(rows) if rows else torch.zeros((0, ref.numel())), torch.ones(len(rows)),
+                         tuple(e.src for e in inbox), SERVER, ctx.round, ref)
             if self.dp_support is not None:
                 from .sparsify import message_support
 
