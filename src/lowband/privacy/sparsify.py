@@ -16,8 +16,9 @@ the mean update restricted to the round's coordinates, a random-subspace step). 
 ``secagg.enabled = true`` the masked field vector carries only the ``k`` kept coordinates of
 the update (the same coordinates as the codec's, :func:`message_support`):
 ``ceil(k * modulus_bits / 8)`` bytes instead of ``ceil(d * modulus_bits / 8)``; with
-distributed DP the Skellam mechanism runs in those ``k`` dimensions. Under central DP the server knows the round's support (it is
-public, derived from the seed and the round, never from data), so it adds the Gaussian noise
+distributed DP the Skellam mechanism runs in those ``k`` dimensions. Under central DP the
+server knows the round's support (it is public, derived from the seed and the round, never
+from data), so it adds the Gaussian noise
 on those coordinates only; the sensitivity is unchanged (each clipped update still has norm
 at most ``S``), so the accounting is the same and the noise norm shrinks by ``sqrt(frac)``.
 """
