@@ -154,7 +154,6 @@ def test_secagg_ledger_holds_the_protocol_at_its_formula_sizes(tmp_path: Path) -
     ("fedavg", {"secagg": {"enabled": True}, "dp": CENTRAL}, "distributed"),
     ("fedavg", {"dp": {"mechanism": "distributed", "clip": 1.0}}, "secagg.enabled"),
     ("fedavg", {"dp": {"mechanism": "local", "clip": 1.0, "target_epsilon": 4.0}}, "local_epsilon"),
-    ("scaffold", {"dp": CENTRAL}, "two sums"),
     ("fedavg", {"secagg": {"enabled": True}, "comm": {"norm_factor": 10.0}}, "norm screen"),
 ])
 def test_refused_combinations_say_why_in_one_line(tmp_path: Path, alg: str, sections: dict, words: str) -> None:
@@ -182,7 +181,9 @@ class _Kill(Exception):
 
 @pytest.mark.parametrize("alg,section", [("fedavg", {"dp": {**CENTRAL, "adaptive_clip": True, "clip": None, "bit_noise": 1.0}}),
                                          ("dfedavg", {"dp": {"mechanism": "local", "clip": 1.0}}),
-                                         ("fedavg", {"secagg": {"enabled": True, "degree": 2}})])
+                                         ("fedavg", {"secagg": {"enabled": True, "degree": 2}}),
+                                         ("fedavg", {"dp": CENTRAL, "topology": {"kind": "star", "sampling": "poisson",
+                                                                                 "fraction": 0.4}})])
 def test_a_killed_privacy_run_resumes_to_the_byte(tmp_path: Path, alg: str, section: dict) -> None:
     sec = {k: {kk: vv for kk, vv in v.items() if vv is not None} for k, v in section.items()}
     full = validate({**_cfg(tmp_path / "full", alg, rounds=4, **sec), "checkpoint_every": 1})
@@ -219,14 +220,17 @@ def test_frontier_takes_dp_and_secagg_keys_and_marks_refused_cells(tmp_path: Pat
     path = tmp_path / "base.toml"
     path.write_text(tomli_w.dumps(cfg))
     out = tmp_path / "front"
-    rc = main(["frontier", str(path), "--methods", "fedavg,fedcspack", "--codecs", "fp32,qsgd(4)",
+    rc = main(["frontier", str(path), "--methods", "fedavg,fedcspack", "--codecs", "fp32,qsgd(4),sharedmask(0.1)",
                "dp.target_epsilon=8", "secagg.enabled=true", "--backend", "serial", "--quiet", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     rows = {(r["method"], r["codec"]): r for r in csv.DictReader(open(out / "frontier.csv"))}
     ok = rows[("fedavg", "fp32")]
     assert ok["status"] == "ok" and 0 < float(ok["epsilon"]) <= 8 and float(ok["secagg_bytes"]) > 0
     assert rows[("fedavg", "qsgd(4)")]["status"] == "refused" and "qsgd" in rows[("fedavg", "qsgd(4)")]["reason"]
-    for codec in ("fp32", "qsgd(4)"):
+    sparse = rows[("fedavg", "sharedmask(0.1)")]  # the summable sparsifier is served, at a fraction of the bytes
+    assert sparse["status"] == "ok" and 0 < float(sparse["epsilon"]) <= 8
+    assert float(sparse["secagg_bytes"]) < 0.5 * float(ok["secagg_bytes"])
+    for codec in ("fp32", "qsgd(4)", "sharedmask(0.1)"):
         r = rows[("fedcspack", codec)]
         assert r["status"] == "refused" and "fedcspack" in r["reason"] and "\n" not in r["reason"]
     md = (out / "frontier.md").read_text()

@@ -175,3 +175,30 @@ def test_quantisation_roundtrip_and_room() -> None:
     sa.check_room(1024, 22, 32)
     with pytest.raises(ValueError, match="overflow"):
         sa.check_room(1025, 22, 32)
+
+
+def test_key_agreement_is_x25519_with_hkdf_and_the_cipher_aes_gcm() -> None:
+    """RFC 7748, section 6.1: Alice's and Bob's X25519 keys; the agreed seed is HKDF-SHA256 of
+    the shared secret (so the mask seed and the cipher key differ); a tampered share fails."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import x25519
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    le = lambda h: int.from_bytes(bytes.fromhex(h), "little")  # noqa: E731
+    a = le("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+    b = le("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb")
+    assert sa.public(a) == le("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
+    assert sa.public(b) == le("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
+    shared = x25519.X25519PrivateKey.from_private_bytes(sa.to_bytes(a)).exchange(
+        x25519.X25519PublicKey.from_public_bytes(sa.to_bytes(sa.public(b))))
+    want = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"lowband-secagg/mask").derive(shared)
+    assert sa.agree(a, sa.public(b)) == sa.agree(b, sa.public(a)) == sa.from_bytes(want)
+    assert sa.agree(a, sa.public(b), "enc") != sa.agree(a, sa.public(b))
+    # addressed keys: the same (seed, round, node, purpose) gives the same key, another node another
+    assert sa.public(sa.secret(5, 2, 3, "s_sk")) == sa.public(sa.secret(5, 2, 3, "s_sk")) != \
+        sa.public(sa.secret(5, 2, 4, "s_sk"))
+    key = sa.agree(a, sa.public(b), "enc")
+    blob = sa.encrypt(key, b"\x01" * sa.NONCE_BYTES, b"p" * sa.PLAINTEXT_BYTES)
+    assert len(blob) == sa.CIPHERTEXT_BYTES and sa.decrypt(key, blob) == b"p" * sa.PLAINTEXT_BYTES
+    with pytest.raises(SecAggAbort, match="authentication"):
+        sa.decrypt(key, blob[:-1] + bytes([blob[-1] ^ 1]))

@@ -224,7 +224,7 @@ class DrawnGraph(Topology):
 
 # --------------------------------------------------------------------------- star
 
-_SAMPLINGS = ("all", "fraction", "count", "list")
+_SAMPLINGS = ("all", "fraction", "count", "list", "poisson")
 
 
 class Star(Topology):
@@ -239,6 +239,10 @@ class Star(Topology):
     - ``"count"``: ``count`` clients drawn uniformly without replacement each round.
     - ``"list"``: round ``r`` uses ``schedule[r % len(schedule)]`` (a fixed, cycling
       schedule, e.g. to replay a paper's participation trace).
+    - ``"poisson"``: each client takes part independently with probability ``q =
+      fraction`` (Poisson sampling, the sampling event DP-SGD and DP-FedAvg accountants
+      amplify by); the cohort size varies and may be 0. ``per_round`` is the expected
+      cohort ``round(q * num_clients)`` (at least 1).
 
     Each round's sample comes from ``np_gen(seed, "topology", r)``.
     """
@@ -264,7 +268,7 @@ class Star(Topology):
         self.fraction = fraction
         self.count = count
         self.schedule: tuple[tuple[int, ...], ...] | None = None
-        if sampling == "fraction":
+        if sampling in ("fraction", "poisson"):
             self.fraction = _check_prob("Star", "fraction", fraction, open_low=True)
             self.per_round = max(1, int(round(self.fraction * self.num_nodes)))
         elif sampling == "count":
@@ -311,6 +315,9 @@ class Star(Topology):
         elif self.sampling == "list":
             assert self.schedule is not None
             participants = self.schedule[round % len(self.schedule)]
+        elif self.sampling == "poisson":
+            draws = np_gen(self.seed, "topology", round).random(n)
+            participants = tuple(int(c) for c in np.flatnonzero(draws < self.fraction))
         else:
             rng = np_gen(self.seed, "topology", round)
             chosen = rng.choice(n, size=self.per_round, replace=False)
@@ -325,6 +332,8 @@ class Star(Topology):
             how = f"{self.per_round} sampled uniformly per round (fraction={self.fraction:g})"
         elif self.sampling == "count":
             how = f"{self.per_round} sampled uniformly per round"
+        elif self.sampling == "poisson":
+            how = f"each client independently with probability {self.fraction:g} per round (Poisson)"
         else:
             assert self.schedule is not None
             how = f"fixed schedule of {len(self.schedule)} rounds, cycled"
@@ -765,7 +774,8 @@ REQUIRED: Any = _Required()
 TOPOLOGIES: dict[str, dict[str, Any]] = {
     "star": {
         "description": "server + clients; each round 'all', a 'fraction', a 'count' or a fixed "
-        "'list' schedule of clients takes part, sampled uniformly without replacement",
+        "'list' schedule of clients takes part, sampled uniformly without replacement, or "
+        "'poisson': each client independently with probability fraction",
         "params": {"sampling": "all", "fraction": 0.1, "count": 10, "schedule": None},
     },
     "kregular": {

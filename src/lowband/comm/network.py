@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -217,7 +217,12 @@ class Network:
             raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
         return codec_from_spec(self.codecs.spec_for(kind, direction))
 
-    def _gen(self, round: int, src: int, dst: int | str, kind: str) -> torch.Generator:
+    def _gen(self, round: int, src: int, dst: int | str, kind: str, codec: Any = None) -> torch.Generator:
+        if codec is not None and getattr(codec, "spec", "").find("sharedmask") >= 0:
+            from ..privacy.sparsify import round_shared, shared_gen
+
+            if round_shared(codec):  # the same coordinates for every sender of the round (summable)
+                return shared_gen(self.seed, round, kind)
         return torch_gen(self.seed, "codec", int(round), int(src),
                          dst if isinstance(dst, str) else int(dst), kind)
 
@@ -243,7 +248,7 @@ class Network:
         codec = self.codec_for(msg.kind, direction)
         state = self.codec_state(src, f"{int(dst)}:{msg.kind}") if is_stateful(codec) else None
         msg = self._transformed(msg, round, src, int(dst))
-        return encode_message(msg, codec, self._gen(round, src, dst, msg.kind), state)
+        return encode_message(msg, codec, self._gen(round, src, dst, msg.kind, codec), state)
 
     def decode(self, data: bytes) -> tuple[Message, Codec]:
         """Decode ``data`` (one place for the receiver's decode budget)."""
@@ -465,7 +470,7 @@ class Network:
         msg = self._transformed(msg, round, src, link)
         if self.validator is not None and self.validator.policy.freshness:  # bound to (round, step): counted
             msg = stamp(msg, round, self.step_tag[1] if self.step_tag[0] == int(round) else 0)
-        gen = self._gen(round, src, link, msg.kind)
+        gen = self._gen(round, src, link, msg.kind, codec)
         state = self.codec_state(src, f"{link}:{msg.kind}") if is_stateful(codec) else None
         try:
             data: Optional[bytes] = encode_message(msg, codec, gen, state)

@@ -237,7 +237,7 @@ class TopologyConfig(_Strict):
     """Who may talk to whom each round (see lowband.topology)."""
 
     kind: Optional[Literal["star", "kregular", "ring", "complete", "erdos_renyi", "contact_plan"]] = None
-    sampling: Literal["all", "fraction", "count", "list"] = "fraction"
+    sampling: Literal["all", "fraction", "count", "list", "poisson"] = "fraction"
     fraction: Float = Field(0.1, gt=0, le=1)
     count: Optional[Int] = Field(None, ge=1)
     schedule: Optional[list[list[Int]]] = None
@@ -261,7 +261,7 @@ TOPOLOGY_KEYS: dict[str, tuple[str, ...]] = {
 }
 #: the star key each sampling mode reads
 STAR_SAMPLING_KEYS: dict[str, Optional[str]] = {"all": None, "fraction": "fraction", "count": "count",
-                                                "list": "schedule"}
+                                                "list": "schedule", "poisson": "fraction"}
 #: a ring's ``k`` when the config leaves it out: the ring builder's default
 #: (``lowband.topology.TOPOLOGIES["ring"]``, checked by tests/test_config_layers.py), not
 #: the field default 5, which is k-regular's

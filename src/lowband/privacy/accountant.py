@@ -84,7 +84,7 @@ class SampledGaussian:
 
     noise_multiplier: float
     population: int
-    cohort: int
+    cohort: float
     sampling: Sampling = "fixed"
     releases_per_round: int = 1
 

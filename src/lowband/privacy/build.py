@@ -27,7 +27,7 @@ from typing import Any, Optional
 from lowband.config.schema import DPConfig, Experiment, SecAggConfig
 
 from .accountant import EpsilonTrack, PrivacyBudgetError, SampledGaussian
-from .config import PrivacyRefused, run_sampling
+from .config import PrivacyRefused, run_sampling, secagg_sparse_fraction
 
 
 @dataclass
@@ -51,15 +51,19 @@ def local_transform(dp: DPConfig) -> str:
     return f"clip({dp.clip!r})+gauss({dp.noise_multiplier!r})"
 
 
-def central_mechanism(dp: DPConfig, population: int, cohort: int, sampling: str) -> SampledGaussian:
-    """The per-round Gaussian release of DP-FedAvg under the run's sampling."""
-    return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling)
+def central_mechanism(dp: DPConfig, population: int, cohort: float, sampling: str,
+                      releases: int = 1) -> SampledGaussian:
+    """The per-round Gaussian release(s) of DP-FedAvg under the run's sampling (``cohort``: the
+    expected clients a round, ``q * N`` under Poisson; ``releases``: sums released a round)."""
+    return SampledGaussian(dp.noise_multiplier, population, cohort, "all" if cohort >= population else sampling,
+                           releases)
 
 
-def plan_central(dp: DPConfig, population: int, cohort: int, sampling: str, rounds: int) -> EpsilonTrack:
+def plan_central(dp: DPConfig, population: int, cohort: float, sampling: str, rounds: int,
+                 releases: int = 1) -> EpsilonTrack:
     """Central DP's epsilon per round; :class:`PrivacyRefused` over ``dp.target_epsilon``."""
     try:
-        return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling), rounds, dp.delta,
+        return EpsilonTrack.plan(central_mechanism(dp, population, cohort, sampling, releases), rounds, dp.delta,
                                  dp.accountant, dp.target_epsilon)
     except PrivacyBudgetError as e:
         raise PrivacyRefused(str(e)) from None
@@ -85,32 +89,44 @@ def plan_distributed(dp: DPConfig, cohort: int, dims: int, rounds: int) -> tuple
     return sk, EpsilonTrack(tuple(eps), float(dp.delta), "skellam-rdp", target)
 
 
-def secagg_run(sa: SecAggConfig, skellam: Any = None) -> Any:
-    """The SecAgg settings of a run (distributed DP: the ring is ``dp.bits`` wide)."""
+def secagg_run(sa: SecAggConfig, skellam: Any = None, sparse: Optional[float] = None) -> Any:
+    """The SecAgg settings of a run (distributed DP: the ring is ``dp.bits`` wide; ``sparse``:
+    the ``sharedmask`` fraction the masked vector carries)."""
     from .secagg import SecAggParams
     from .secagg_steps import SecAggRun
 
     bits = skellam.bits if skellam is not None else sa.modulus_bits
     try:
         return SecAggRun(SecAggParams(modulus_bits=bits, degree=sa.degree, threshold=sa.threshold),
-                         clip_range=sa.clip_range, levels_bits=sa.levels_bits, skellam=skellam)
+                         clip_range=sa.clip_range, levels_bits=sa.levels_bits, skellam=skellam, sparse=sparse)
     except ValueError as e:
         raise PrivacyRefused(str(e).splitlines()[0]) from None
 
 
-def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: int, dims: int) -> PrivacySetup:
+def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: float, dims: int,
+                  shapes: Optional[list[tuple[int, ...]]] = None) -> PrivacySetup:
     """The run's privacy (module docstring). ``population``: clients that may be sampled,
-    ``cohort``: clients a round, ``dims``: float coordinates of the model."""
+    ``cohort``: clients a round (expected: ``q * N`` under Poisson sampling), ``dims``: float
+    coordinates of the model; ``shapes``: their tensors' shapes (a ``sharedmask`` uplink keeps
+    ``ceil(frac * numel)`` of each)."""
     dp, sa = exp.dp, exp.secagg
     mech = dp.mechanism if dp is not None else "none"
     secure = sa is not None and sa.enabled
     out = PrivacySetup(algorithm, mechanism=mech, secagg=secure)
     if mech == "central":
-        from .central import AdaptiveClip, DPFedAvg
-        from .central_steps import with_central_dp
+        from .central import AdaptiveClip, DPFedAvg, central_dp_releases
+        from .central_steps import with_central_dp, with_central_dp_hook
 
         assert dp is not None
-        out.track = plan_central(dp, population, cohort, run_sampling(exp), exp.rounds)
+        releases = central_dp_releases(exp.algorithm.name, getattr(algorithm, "family", "server"))
+        out.track = plan_central(dp, population, cohort, run_sampling(exp), exp.rounds, releases)
+        if releases > 1:  # SCAFFOLD: model and control-variate deltas, each its own release
+            try:
+                rules = tuple(DPFedAvg(dp.clip, dp.noise_multiplier, expected_cohort=cohort) for _ in range(releases))
+            except ValueError as e:
+                raise PrivacyRefused(str(e).splitlines()[0]) from None
+            out.algorithm = with_central_dp_hook(algorithm, rules)
+            return out
         adaptive = (AdaptiveClip(dp.target_quantile, dp.clip_learning_rate, dp.clip or AdaptiveClip.initial_clip,
                                  dp.bit_noise) if dp.adaptive_clip else None)
         try:
@@ -125,22 +141,36 @@ def build_privacy(exp: Experiment, algorithm: type, *, population: int, cohort: 
         out.transform = local_transform(dp)
         out.local = LocalDPTrack(dp.noise_multiplier, dp.delta, dp.accountant)
     skellam = None
+    sparse = secagg_sparse_fraction(exp)
+    if mech == "central" and sparse is not None:  # noise on the round's public support only
+        out.algorithm.dp_support = sparse
     if mech == "distributed":
+        from .sparsify import support_size
+
         assert dp is not None
-        skellam, out.track = plan_distributed(dp, cohort, dims, exp.rounds)
+        skellam, out.track = plan_distributed(dp, int(cohort), dims if sparse is None else
+                                              support_size(sparse, shapes or [(dims,)]), exp.rounds)
     if secure:
         from .secagg_steps import with_secagg
 
         assert sa is not None
-        out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam))
+        out.algorithm = with_secagg(algorithm, secagg_run(sa, skellam, sparse))
     return out
 
 
 def build_for_run(exp: Any, algorithm: type, topology: Any, population: int, init: dict) -> Any:
     """:func:`build_privacy` for a run: the cohort is the topology's clients a round (a fixed
-    schedule: its largest round), the dimension the model's floating-point entries."""
-    cohort = int(getattr(topology, "per_round", population))
-    if cohort < 1:
+    schedule: its largest round; Poisson sampling: the expected ``q * N``, exactly what the
+    accountant's sampling rate and DP-FedAvg's fixed denominator need), the dimension the
+    model's floating-point entries."""
+    cohort: float = int(getattr(topology, "per_round", population))
+    if getattr(topology, "sampling", None) == "poisson":
+        cohort = float(topology.fraction) * population
+        if cohort < 1:
+            raise PrivacyRefused(f"topology.fraction = {topology.fraction:g} expects {cohort:.3g} of {population} "
+                                 f"clients a round; DP-FedAvg needs at least one expected: raise topology.fraction")
+    elif cohort < 1:
         cohort = max(len(s) for s in topology.schedule)
     dims = sum(v.numel() for v in init.values() if v.is_floating_point())
-    return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims)
+    shapes = [tuple(v.shape) for v in init.values() if v.is_floating_point()]
+    return build_privacy(exp, algorithm, population=population, cohort=cohort, dims=dims, shapes=shapes)

@@ -136,6 +136,9 @@ class DPFedAvg:
         clip = self.clip
         clipped, norms = clip_rows(u, clip)
         noise = torch.randn(u.shape[1], generator=gen, dtype=torch.float32) * (self.z_update * clip)
+        support = getattr(inp, "support", None)
+        if support is not None:  # a public, data-independent support (sharedmask): noise there only
+            noise = noise * support.to(noise.dtype)
         out = (clipped.sum(0) + noise) / self.m
         counters: dict[str, float] = {"clipped": float((norms > clip).sum()), "senders": float(u.shape[0])}
         self.last: dict[str, float] = {"clip": clip, "noise_std": self.z_update * clip,

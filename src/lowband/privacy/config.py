@@ -23,10 +23,11 @@ class PrivacyRefused(ConfigError):
     """A privacy setting the run cannot serve (one line: what and how to fix)."""
 
 
-#: uplink codecs SecAgg accepts: the upload travels as the masked field vector (the field
-#: quantisation, ``secagg.levels_bits``, is its codec); any other uplink codec would be ignored.
-#: lowband's random masks and sketches draw their randomness per sender, so they are not
-#: summable across clients; a round-shared-seed rand-k or sketch is not implemented.
+#: uplink codecs SecAgg accepts besides ``sharedmask(frac)``: the upload travels as the masked
+#: field vector (the field quantisation, ``secagg.levels_bits``, is its codec). ``sharedmask``
+#: keeps the round's shared coordinates, so the masked vector carries only those
+#: (lowband.privacy.sparsify); lowband's top-k, random masks and sketches draw their
+#: coordinates per sender and are refused.
 SECAGG_UPLINK_CODECS = ("fp32",)
 
 
@@ -52,6 +53,10 @@ def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, alg
         if robust_rule is not None:
             raise ValueError(f"dp.mechanism = \"central\" and aggregation rule {robust_rule!r} are both aggregation "
                              f"rules: choose one")
+    if dp.mechanism == "distributed" and sampling == "poisson":
+        raise ValueError("dp.mechanism = \"distributed\" splits the Skellam noise over a known cohort, but "
+                         "topology.sampling = \"poisson\" draws a random one (fewer clients would add less noise "
+                         "than accounted): use topology.sampling = \"count\" or \"fraction\"")
     if dp.mechanism == "distributed" and not secagg.enabled:
         raise ValueError("dp.mechanism = \"distributed\" adds noise inside secure aggregation: set "
                          "secagg.enabled = true")
@@ -67,16 +72,37 @@ def check_privacy(dp: Optional[DPConfig], secagg: Optional[SecAggConfig], *, alg
             raise ValueError("secagg.enabled = true hides individual updates from the server, which central DP "
                              "must clip: use dp.mechanism = \"distributed\" (or \"local\")")
         for spec in uplink_codecs:
-            if spec not in SECAGG_UPLINK_CODECS:
-                raise ValueError(f"secagg.enabled = true sends each update as a masked vector in a finite field "
-                                 f"(quantised to 2**secagg.levels_bits levels), so uplink codec {spec!r} would be "
-                                 f"ignored; drop it (lowband's top-k, qsgd, int8, random masks and sketches are "
-                                 f"per-client, not summable)")
+            if spec not in SECAGG_UPLINK_CODECS and not _summable(spec):
+                raise ValueError(f"secagg.enabled = true sums masked vectors position by position, so uplink codec "
+                                 f"{spec!r} cannot be carried (top-k's client-chosen indices, qsgd's and int8's "
+                                 f"per-client scales, per-client random masks and error feedback are not summable); "
+                                 f"use fp32 or the round-shared sparsifier sharedmask(frac)")
+
+
+def _summable(spec: str) -> bool:
+    """``sharedmask(frac)`` alone: SecAgg carries its round-shared coordinates (lowband.privacy.sparsify)."""
+    from .sparsify import shared_fraction
+
+    try:
+        return shared_fraction(spec) is not None and spec.startswith("sharedmask(")
+    except ValueError:
+        return False
+
+
+def secagg_sparse_fraction(exp: Experiment) -> Optional[float]:
+    """The ``frac`` of a ``sharedmask(frac)`` uplink codec (the link's), else None."""
+    from .sparsify import shared_fraction
+
+    try:
+        return shared_fraction(exp.comm.by_direction.get("up", exp.comm.codec))
+    except ValueError:
+        return None
 
 
 def run_sampling(exp: Experiment) -> str:
     """The sampling event of a server run's cohort: ``"fixed"`` (``topology.sampling`` =
-    ``"count"``/``"fraction"``: a fixed-size cohort without replacement), ``"all"`` or ``"list"``."""
+    ``"count"``/``"fraction"``: a fixed-size cohort without replacement), ``"poisson"``
+    (each client independently with probability ``topology.fraction``), ``"all"`` or ``"list"``."""
     s = exp.topology.sampling
     return "fixed" if s in ("count", "fraction") else s
 
@@ -131,10 +157,15 @@ def _check_wiring(exp: Any, family: str) -> None:
     from .central import central_dp_releases
 
     dp = exp.dp
-    if dp is not None and dp.mechanism == "central" and central_dp_releases(exp.algorithm.name, family) != 1:
-        raise ValueError(f"dp.mechanism = \"central\" with {exp.algorithm.name!r} releases two sums a round (model "
-                         f"and control-variate deltas), which needs the aggregation hook (lowband.aggregation); "
-                         f"not wired yet: use dp.mechanism = \"local\" or fedavg, fedprox, moon, fedntd")
+    if dp is not None and dp.mechanism == "central" and central_dp_releases(exp.algorithm.name, family) > 1:
+        name = exp.algorithm.name
+        if dp.adaptive_clip:
+            raise ValueError(f"dp.adaptive_clip with {name!r}: its two releases a round (model and control-variate "
+                             f"deltas) share one fixed clip; set dp.clip and dp.adaptive_clip = false")
+        if run_sampling(exp) == "poisson":
+            raise ValueError(f"dp.mechanism = \"central\" with {name!r}: its server scales the control-variate "
+                             f"sum by the number of replies, which Poisson sampling makes private; use "
+                             f"topology.sampling = \"count\" or \"fraction\"")
     if dp is not None and dp.mechanism == "local":
         if dp.target_epsilon is not None:
             raise ValueError("dp.target_epsilon is planned before the run for central and distributed DP; local DP's "

@@ -26,12 +26,15 @@ which makes a client's cost logarithmic in the cohort):
    masks, and learns only ``sum_{u in U3} x_u mod R``. Fewer than ``t`` shares for a
    needed secret aborts the round (:class:`SecAggAbort`): its traffic is still counted.
 
-Arithmetic: mask keys are Diffie-Hellman over the integers mod ``p = 2**255 - 19`` with
-generator 2 (32-byte keys, the size of X25519's; a simulation stand-in, not a secure
-group), Shamir shares live in GF(p) (32 bytes), masks are a seeded PCG64 stream reduced
-mod ``R``, ciphertexts are a keyed-BLAKE2b stream cipher with a 12-byte nonce and a 16-byte
-tag (the sizes of AES-GCM). The keys and seeds are addressed by ``(seed, round, node,
-purpose)`` (design rule 4), so a run is reproducible.
+Arithmetic: key agreement is X25519 (RFC 7748, from the ``cryptography`` package: ``pip
+install 'lowband[secagg]'``), 32-byte keys; each shared secret goes through HKDF-SHA256 with
+a purpose label (``mask`` for the pairwise mask seeds, ``enc`` for the share cipher's key).
+Shamir shares live in GF(p), ``p = 2**255 - 19`` (32 bytes; a private key is an element of
+GF(p), so it is shared and rebuilt exactly). Ciphertexts are AES-256-GCM (12-byte nonce,
+16-byte tag). Masks are a PCG64 stream, seeded by the agreed seed, reduced mod ``R`` (a
+simulation's PRG: fast, not a cryptographic one). Private keys and self-mask seeds are
+addressed by ``(seed, round, node, purpose)`` (design rule 4), so a run is reproducible;
+the cryptography is real, the secrecy of the keys is not (anyone with the run seed has them).
 
 Message sizes (payload bytes, :func:`payload_bytes`; the wire header adds names, dtypes and
 shapes, and the ledger counts ``len(bytes)`` of the whole message). For a client ``u`` with
@@ -62,8 +65,7 @@ from ..comm.message import SERVER, Message
 from ..seeding import derive_seed
 
 P = 2**255 - 19
-"""Modulus of the Diffie-Hellman group and of the Shamir field."""
-G = 2
+"""Modulus of the Shamir field (X25519's base field: a private key fits in one element)."""
 KEY_BYTES = 32
 SHARE_BYTES = 32
 ID_BYTES = 4
@@ -120,13 +122,34 @@ def secret(seed: int, round: int, node: int, purpose: str) -> int:
     return 2 + int.from_bytes(_h(derive_seed(seed, "secagg", round, node, purpose), purpose), "little") % (P - 4)
 
 
+def _x25519():
+    """cryptography's X25519, imported on use: SecAgg's optional extra."""
+    try:
+        from cryptography.hazmat.primitives.asymmetric import x25519
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError("secure aggregation needs cryptography (X25519, AES-GCM): pip install 'lowband[secagg]' "
+                          "(or pip install cryptography)") from e
+    return x25519
+
+
 def public(sk: int) -> int:
-    return pow(G, sk, P)
+    """The X25519 public key (as an integer of its 32 little-endian bytes) of private key ``sk``."""
+    x = _x25519()
+    return from_bytes(x.X25519PrivateKey.from_private_bytes(to_bytes(sk)).public_key().public_bytes_raw())
 
 
-def agree(sk: int, pk: int) -> int:
-    """Diffie-Hellman: ``agree(a, public(b)) == agree(b, public(a))``."""
-    return pow(pk, sk, P)
+def agree(sk: int, pk: int, purpose: str = "mask") -> int:
+    """X25519 then HKDF-SHA256 (info ``lowband-secagg/<purpose>``), as an integer of 32 bytes:
+    ``agree(a, public(b)) == agree(b, public(a))``."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    x = _x25519()
+    shared = x.X25519PrivateKey.from_private_bytes(to_bytes(sk)).exchange(
+        x.X25519PublicKey.from_public_bytes(to_bytes(pk)))
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+               info=f"lowband-secagg/{purpose}".encode()).derive(shared)
+    return from_bytes(key)
 
 
 def to_bytes(v: int) -> bytes:
@@ -165,28 +188,22 @@ def shamir_reconstruct(shares: dict[int, int], t: int) -> int:
     return total
 
 
-def _stream(key: bytes, nonce: bytes, n: int) -> bytes:
-    out, i = b"", 0
-    while len(out) < n:
-        out += hashlib.blake2b(nonce + i.to_bytes(4, "little"), key=key[:64], digest_size=64).digest()
-        i += 1
-    return out[:n]
-
-
 def encrypt(key: int, nonce: bytes, plaintext: bytes) -> bytes:
-    """nonce || ciphertext || tag (authenticated; AES-GCM's sizes)."""
-    k = _h("enc", key)
-    ct = bytes(a ^ b for a, b in zip(plaintext, _stream(k, nonce, len(plaintext))))
-    tag = hashlib.blake2b(nonce + ct, key=_h("mac", key), digest_size=TAG_BYTES).digest()
-    return nonce + ct + tag
+    """nonce || AES-256-GCM ciphertext || tag, under the 32-byte ``key``."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return nonce + AESGCM(to_bytes(key)).encrypt(nonce, plaintext, None)
 
 
 def decrypt(key: int, blob: bytes) -> bytes:
-    nonce, ct, tag = blob[:NONCE_BYTES], blob[NONCE_BYTES:-TAG_BYTES], blob[-TAG_BYTES:]
-    if hashlib.blake2b(nonce + ct, key=_h("mac", key), digest_size=TAG_BYTES).digest() != tag:
-        raise SecAggAbort("a share ciphertext failed authentication")
-    k = _h("enc", key)
-    return bytes(a ^ b for a, b in zip(ct, _stream(k, nonce, len(ct))))
+    """The plaintext of :func:`encrypt`'s ``blob``; :class:`SecAggAbort` when authentication fails."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        return AESGCM(to_bytes(key)).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], None)
+    except InvalidTag:
+        raise SecAggAbort("a share ciphertext failed authentication") from None
 
 
 def prg(seed_value: int, length: int, modulus_bits: int) -> np.ndarray:
@@ -303,12 +320,12 @@ class _Client:
             plain = (self.u.to_bytes(4, "little", signed=True) + v.to_bytes(4, "little", signed=True)
                      + to_bytes(sk_sh[v + 1]) + to_bytes(b_sh[v + 1]))
             nonce = _h(self.seed, self.round, self.u, v, "nonce", size=NONCE_BYTES)
-            rows.append(encrypt(agree(self.c_sk, self.keys[v][0]), nonce, plain))
+            rows.append(encrypt(agree(self.c_sk, self.keys[v][0], "enc"), nonce, plain))
         return Message("secagg_shares", {"ids": _ids(self.keys), "ct": _u8(rows, CIPHERTEXT_BYTES)})
 
     def take_shares(self, msg: Message) -> None:
         for v, blob in zip(msg.tensors["ids"].tolist(), msg.tensors["ct"].numpy()):
-            plain = decrypt(agree(self.c_sk, self.keys[int(v)][0]), blob.tobytes())
+            plain = decrypt(agree(self.c_sk, self.keys[int(v)][0], "enc"), blob.tobytes())
             src = int.from_bytes(plain[:4], "little", signed=True)
             dst = int.from_bytes(plain[4:8], "little", signed=True)
             if src != v or dst != self.u:

@@ -44,6 +44,7 @@ from ..engine.cohort import local_sgd_step
 from ..topology import RoundPlan
 from . import secagg as sa
 from .distributed import Skellam
+from .sparsify import message_support
 
 #: algorithms :func:`with_secagg` serves
 SECAGG_SERVES = ("fedavg", "fedprox", "moon", "fedntd")
@@ -66,6 +67,9 @@ class SecAggRun:
     #: the plain quantisation (its ``bits`` must equal ``params.modulus_bits``), and the server
     #: divides the decoded sum by the mechanism's expected cohort ``n``
     skellam: Optional[Skellam] = None
+    #: ``sharedmask(frac)`` uplink: each client puts only the round's shared ``ceil(frac * d)``
+    #: coordinates of its update into the masked vector (lowband.privacy.sparsify)
+    sparse: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.skellam is not None and self.skellam.bits != self.params.modulus_bits:
@@ -151,6 +155,9 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             names = _float_names(glob)
             upd = torch.cat([(msg.tensors[k] - glob[k] if msg.kind == "weights" else msg.tensors[k]).reshape(-1).double()
                              for k in names])
+            if self.secagg.sparse is not None:  # the round's shared coordinates (sharedmask's): summable
+                upd = upd[message_support(self.secagg.sparse, ctx.seed, ctx.round, msg.kind,
+                                          [(k, tuple(glob[k].shape)) for k in names])]
             sk = self.secagg.skellam
             if sk is not None:
                 q = sk.encode(upd, seed=ctx.seed, round=ctx.round, node=ctx.node)
@@ -241,7 +248,13 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             t = p.t_for(m)
             glob = state["params"]
             names = _float_names(glob)
-            length = sum(glob[k].numel() for k in names)
+            full = length = sum(glob[k].numel() for k in names)
+            upload = getattr(self.hp, "upload", "delta")
+            support = None
+            if self.secagg.sparse is not None:
+                support = message_support(self.secagg.sparse, ctx.seed, ctx.round, upload,
+                                          [(k, tuple(glob[k].shape)) for k in names])
+                length = int(support.sum())
             sk = self.secagg.skellam
             if sk is not None:
                 length = sk.D
@@ -276,12 +289,15 @@ def with_secagg(cls: type, run: SecAggRun) -> type:
             else:
                 levels = self.secagg.levels_for(m)
                 mean = sa.dequantise_sum(total, len(ys), self.secagg.clip_range, levels) / len(ys)
+            if support is not None:  # back to the whole model: zero off the round's support
+                dense = torch.zeros(full, dtype=mean.dtype)
+                dense[support] = mean.reshape(-1)[: length]
+                mean = dense
             delta, i = {}, 0
             for k in names:
                 n = glob[k].numel()
                 delta[k] = mean[i:i + n].reshape(glob[k].shape).to(glob[k].dtype)
                 i += n
-            upload = getattr(self.hp, "upload", "delta")
             tensors = {k: glob[k] + delta[k] for k in names} if upload == "weights" else delta
             reply = Envelope(min(ys), Message(upload, tensors, meta={"num_examples": 1}))
             return self.server_aggregate(ctx, state, [reply])

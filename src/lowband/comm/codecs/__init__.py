@@ -110,6 +110,8 @@ CODECS: dict[str, str] = {
     "topk(k)": "largest-|x| entries; k an int count or a fraction in (0,1]: int32 index + value",
     "randmask(frac[,scale=true])": "seeded random coordinates, values only; scale=true rescales "
                                    "by numel/k (unbiased)",
+    "sharedmask(frac)": "random-k from the round's shared seed: every sender of a kind keeps the same "
+                        "coordinates in a round, so sparse updates stay summable (secure aggregation)",
     "sketch(rows,cols)": "count sketch (rows x cols float32 table); decode = median estimate",
     "qsgd(s[,bucket=0])": "QSGD: s levels, stochastic rounding (unbiased); ceil(log2(2s+1)) bits/value + "
                           "a float32 norm per bucket (0: whole tensor)",
@@ -122,11 +124,19 @@ CODECS: dict[str, str] = {
     "a+b": "chain: apply b to the non-aux float parts that a produces (e.g. topk(0.01)+fp16)",
 }
 
+def _sharedmask(frac: float) -> Codec:
+    """``sharedmask(frac)``: lowband.privacy.sparsify (the summable sparsifier, beside secure aggregation)."""
+    from ...privacy.sparsify import sharedmask
+
+    return sharedmask(frac)
+
+
 #: name -> codec maker (``maker(*args, **kwargs) -> Codec``); plugins add theirs with
 #: :func:`register_codec`
 MAKERS: dict[str, Callable[..., Codec]] = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "int8": int8, "topk": topk,
                                            "randmask": randmask, "sketch": sketch, "qsgd": qsgd, "sign": sign,
-                                           "ef": ef, "ef21": ef21, "powersgd": powersgd}
+                                           "ef": ef, "ef21": ef21, "powersgd": powersgd,
+                                           "sharedmask": _sharedmask}
 
 
 #: codec name -> the state it keeps at the sender (codecs not listed keep none)
