@@ -219,7 +219,7 @@ class Network:
 
     def _gen(self, round: int, src: int, dst: int | str, kind: str, codec: Any = None) -> torch.Generator:
         if codec is not None and getattr(codec, "spec", "").find("sharedmask") >= 0:
-            from ..privacy.sparsify import round_shared, shared_gen
+            from .codecs.shared import round_shared, shared_gen
 
             if round_shared(codec):  # the same coordinates for every sender of the round (summable)
                 return shared_gen(self.seed, round, kind)

@@ -26,45 +26,14 @@ at most ``S``), so the accounting is the same and the noise norm shrinks by ``sq
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from ..comm.codecs.core import RandMask
-from ..seeding import torch_gen
+from ..comm.codecs.shared import SHARED_PURPOSE, SharedMask, round_shared, shared_gen, sharedmask
 
-SHARED_PURPOSE = "codec-shared"
-"""The purpose key of a round-shared codec's generator (see :func:`shared_gen`)."""
-
-
-class SharedMask(RandMask):
-    """Random-k with the round's shared seed (module docstring)."""
-
-    round_shared = True
-
-    def __init__(self, frac: float) -> None:
-        super().__init__(frac, scale=False)
-        self.spec = f"sharedmask({self.frac!r})"
-
-
-def sharedmask(frac: float) -> SharedMask:
-    """The summable random-k sparsifier (see :class:`SharedMask`)."""
-    return SharedMask(frac)
-
-
-def round_shared(codec: Any) -> bool:
-    """Whether ``codec`` (or a codec inside its chain or error feedback) draws round-shared
-    randomness: then its whole generator is the round's shared one."""
-    if getattr(codec, "round_shared", False):
-        return True
-    inner = [*getattr(codec, "codecs", ()), *([codec.inner] if hasattr(codec, "inner") else [])]
-    return any(round_shared(c) for c in inner)
-
-
-def shared_gen(seed: int, round: int, kind: str) -> torch.Generator:
-    """The generator every sender of ``kind`` in ``round`` hands a round-shared codec."""
-    return torch_gen(seed, SHARED_PURPOSE, int(round), kind)
-
+__all__ = ["SHARED_PURPOSE", "SharedMask", "message_support", "round_shared", "shared_fraction", "shared_gen",
+           "sharedmask", "support_size"]
 
 def shared_fraction(spec: str) -> Optional[float]:
     """``frac`` when the codec spec is ``sharedmask(frac)`` or ``ef(sharedmask(frac))``, else None."""

@@ -125,8 +125,8 @@ CODECS: dict[str, str] = {
 }
 
 def _sharedmask(frac: float) -> Codec:
-    """``sharedmask(frac)``: lowband.privacy.sparsify (the summable sparsifier, beside secure aggregation)."""
-    from ...privacy.sparsify import sharedmask
+    """``sharedmask(frac)``: the summable sparsifier (:mod:`.shared`; why: lowband.privacy.sparsify)."""
+    from .shared import sharedmask
 
     return sharedmask(frac)
 
