@@ -175,7 +175,9 @@ def test_diverged_data_client_and_faults_under_ray_match_serial(tmp_path: Path) 
         cfg = _fedavg(tmp_path, name, rounds=3, **over)
         exp = validate(cfg)
         fed = make_federation(exp)
-        fed.nodes[bad].train_x = torch.full_like(fed.nodes[bad].train_x, float("nan"))
+        data = fed.nodes[bad].materialize() if hasattr(fed.nodes[bad], "materialize") else fed.nodes[bad]
+        data.train_x = torch.full_like(data.train_x, float("nan"))  # a NodeView is read-only: edit a copy
+        fed.nodes[bad] = data
         sim = Simulation(exp, federation=fed)
         sim.result = sim.run()
         return sim

@@ -67,6 +67,8 @@ class Attack:
         if self.kind not in atk.DATA_KINDS:
             return ctx
         d = ctx.data
+        if not dataclasses.is_dataclass(d):
+            d = d.materialize()  # a NodeView (rows of the shared dataset): poison a copy of its own
         if self.kind == "label_flip":
             data = dataclasses.replace(d, train_y=atk.flip_labels(d.train_y, ctx.num_classes))
         else:
