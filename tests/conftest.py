@@ -23,11 +23,12 @@ def digits_config(tmp_path: Path, algorithm: str = "fedavg", rounds: int = 3, **
     from lowband.algorithms import ALGORITHMS
 
     peer = algorithm in ("dfedavg", "dfedavgm", "dpsgd")
-    short = {"local_epochs": 1, "batch_size": 16, "lr": 0.05,
-             "edges": 2}  # HierFAVG's gateways: 2 of the 8 nodes (its default 5 needs 10)
+    short: dict[str, object] = {"local_epochs": 1, "batch_size": 16, "lr": 0.05}
+    if algorithm == "hierfavg":
+        short["edges"] = 2  # HierFAVG's gateways: 2 of the 8 nodes (its default 5 needs 10)
     if algorithm in ALGORITHMS:
         short = {k: v for k, v in short.items() if k in ALGORITHMS[algorithm].Hyperparams.model_fields}
-    return {
+    return without_round_sections({
         "name": f"t-{algorithm}",
         "seed": 1,
         "rounds": rounds,
@@ -38,7 +39,24 @@ def digits_config(tmp_path: Path, algorithm: str = "fedavg", rounds: int = 3, **
         "model": {"name": "mlp", "hidden": 32},
         "algorithm": {"name": algorithm, **short, **alg},
         "topology": {"kind": "kregular", "k": 3} if peer else {"kind": "star", "sampling": "count", "count": 4},
-    }
+    })
+
+
+def event_clock(algorithm: str) -> bool:
+    """Whether ``algorithm`` runs on the event clock (lowband.asynchronous: FedAsync, FedBuff):
+    the clock, not a [topology], starts its clients, and it refuses [topology] and [faults]."""
+    from lowband.algorithms import ALGORITHMS
+
+    return bool(getattr(ALGORITHMS.get(algorithm), "event_clock", False))
+
+
+def without_round_sections(cfg: dict) -> dict:
+    """``cfg`` without [topology] and [faults] when its algorithm runs on the event clock
+    (unchanged otherwise): the sections a generic every-algorithm config adds that such an
+    algorithm refuses."""
+    if event_clock(str(cfg.get("algorithm", {}).get("name", ""))):
+        return {k: v for k, v in cfg.items() if k not in ("topology", "faults")}
+    return cfg
 
 
 #: modules whose tests train real models for several rounds, start interpreters, clusters or

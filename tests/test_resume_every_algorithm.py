@@ -46,7 +46,7 @@ def _config(root: Path, name: str) -> dict:
     if name in ("kta", "fedmd"):
         cfg["data"]["public_size"] = 100
     if getattr(ALGORITHMS[name], "event_clock", False):  # the event clock starts clients, not a topology
-        del cfg["topology"]
+        cfg.pop("topology", None)
         cfg["links"] = {"preset": "nbiot"}
     cfg["checkpoint_every"] = 1
     return cfg
