@@ -126,13 +126,20 @@ def test_a_round_waits_for_a_device_to_come_on() -> None:
     assert clock.now == 53.0
 
 
-def test_no_link_model_orders_by_node_id_at_time_zero() -> None:
+def test_no_link_model_serves_simultaneous_arrivals_in_dispatch_order() -> None:
+    """Without [links] every job takes no time, so every arrival ties at t = 0: the job
+    dispatched first arrives first, and every client is heard (a (time, node id) order let
+    node 0 win every tie: the server heard it alone, and FedAsync froze on its data)."""
     clock = EventClock(5, 2, seed=3)
-    for r in range(1, 7):
+    heard = []
+    for r in range(1, 21):
         plan = clock.plan(r)
-        assert len(clock.jobs) == 2 and plan.arrivals == (min(clock.jobs),)  # all at t = 0: the lowest id
+        first = min(clock.jobs.values(), key=lambda j: j.seq)
+        assert len(clock.jobs) == 2 and plan.arrivals == (first.node,)
+        heard.append(plan.arrivals[0])
         clock.finish(r)
         assert clock.now == 0.0
+    assert set(heard) == set(range(5))
 
 
 # --------------------------------------------------------------------------- staleness weights

@@ -20,8 +20,8 @@ evaluate -> record), because **one driver round is one arrival**:
    loses its work: the download it received stays in the ledger, its upload is never
    made, its slot frees at the moment it went off, and it is not dispatched again within
    the same round (so every dispatch of a round is one download in the ledger);
-3. *arrival*: the in-flight job that arrives first, in the total order ``(time, node id,
-   dispatch sequence number)``, is the round's arrival; if no job can arrive before a slot
+3. *arrival*: the in-flight job that arrives first, in the total order ``(time, dispatch
+   sequence number)`` (simultaneous arrivals in dispatch order), is the round's arrival; if no job can arrive before a slot
    frees or an idle device comes on, the clock moves to that time and dispatches again.
 
 The round's plan (:class:`~lowband.asynchronous.plan.AsyncPlan`) names the dispatched
@@ -47,7 +47,7 @@ arrival), ``async/staleness`` (server updates since the arriving client download
 metrics record; summary.json gets ``sim_time_s``, ``time_to_target_s``, ``energy_j``,
 ``staleness_histogram`` ({staleness: arrivals}) and ``async`` (concurrency, server updates,
 arrivals, lost jobs). Without ``[links]`` every transfer and computation takes no time:
-events are then ordered by node id alone. The clock's state is checkpointed, so a resumed
+simultaneous arrivals are then served in dispatch order. The clock's state is checkpointed, so a resumed
 run plays the same events.
 """
 
@@ -90,7 +90,10 @@ class Job:
 
     @property
     def key(self) -> tuple[float, int, int]:
-        return (self.arrival, self.node, self.seq)
+        # simultaneous arrivals in dispatch order (first started, first served): a key of
+        # (time, node) would let the lowest node id win every tie, and with zero-time jobs
+        # (no [links]) it would be the only client the server ever heard
+        return (self.arrival, self.seq, self.node)
 
 
 class EventClock(Observer):
