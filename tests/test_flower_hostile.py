@@ -297,7 +297,7 @@ def test_every_server_algorithm_passes_validation(tmp_path: Path, task_identity)
     cfg = _config(tmp_path, "hierfavg", "hierfavg", rounds=1)
     cfg["algorithm"] = {"name": "hierfavg", "batch_size": 16, "lr": 0.05, "kappa1": 2, "kappa2": 1, "edges": 2}
     exp = validate(cfg)
-    with pytest.raises(ValueError, match="^hierfavg: .*Flower"):  # its edge rounds are not plain client steps
+    with pytest.raises(ValueError, match="^hierfavg is hierarchical: .*ServerApp"):  # no middle tier in Flower
         FlowerRun(exp, InProcessGrid(client_app(exp), 10)).run()
 
 

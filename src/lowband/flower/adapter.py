@@ -129,6 +129,10 @@ def _check_exportable(sim: Simulation) -> None:
         raise ValueError(f"{alg.name} runs on the event clock of `lowband run` (lowband.asynchronous): its rounds "
                          f"are arrivals the clock plans, which a ClientApp cannot replay; the Flower adapter "
                          f"exports synchronous server rounds only")
+    if callable(getattr(alg, "gateways", None)) or isinstance(getattr(type(alg), "gateways", None), property):
+        raise ValueError(f"{alg.name} is hierarchical: its gateways are nodes with their own edge rounds between "
+                         f"devices and the cloud, and a Flower deployment has one ServerApp and its ClientApps "
+                         f"(no middle tier); run it with `lowband run`")
     if sim.exp.links is not None:
         raise ValueError("links: simulated link time is written by `lowband run` only; the Flower adapter does not "
                          "time its rounds (leave [links] out)")
