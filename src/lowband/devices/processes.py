@@ -62,7 +62,26 @@ class _Sorted:
         return False, (self.starts[nxt] if nxt < len(self.starts) else math.inf)
 
 
-class Windows:
+class _FromState:
+    """The Availability protocol's three answers from one ``_state(node, t) -> (on, time of the
+    next change)`` of the subclass."""
+
+    def _state(self, node: int, t: float) -> tuple[bool, float]:
+        raise NotImplementedError
+
+    def available(self, node: int, t: float) -> bool:
+        return self._state(node, t)[0]
+
+    def next_on(self, node: int, t: float) -> float:
+        on, change = self._state(node, t)
+        return t if on else change
+
+    def next_off(self, node: int, t: float) -> float:
+        on, change = self._state(node, t)
+        return change if on else t
+
+
+class Windows(_FromState):
     """Explicit on-windows per node; ``period_s``: the windows repeat every ``period_s``
     (they must then lie in ``[0, period_s)``). A node without windows is never on."""
 
@@ -98,17 +117,6 @@ class Windows:
             on2, change2 = w.state(0.0)
             change = self.period + change2
         return on, k * self.period + change
-
-    def available(self, node: int, t: float) -> bool:
-        return self._state(node, t)[0]
-
-    def next_on(self, node: int, t: float) -> float:
-        on, change = self._state(node, t)
-        return t if on else change
-
-    def next_off(self, node: int, t: float) -> float:
-        on, change = self._state(node, t)
-        return change if on else t
 
 
 class Diurnal:
@@ -152,7 +160,7 @@ class Diurnal:
         return t + (self.on_s - self._local(node, t))
 
 
-class Churn:
+class Churn(_FromState):
     """Exponential on and off periods per node (module docstring), extended lazily."""
 
     def __init__(self, num_nodes: int, seed: int, *, mean_on_s: float, mean_off_s: float):
@@ -183,13 +191,3 @@ class Churn:
         on = (i % 2 == 0) == on0
         return on, ch[i + 1]
 
-    def available(self, node: int, t: float) -> bool:
-        return self._state(node, t)[0]
-
-    def next_on(self, node: int, t: float) -> float:
-        on, change = self._state(node, t)
-        return t if on else change
-
-    def next_off(self, node: int, t: float) -> float:
-        on, change = self._state(node, t)
-        return change if on else t

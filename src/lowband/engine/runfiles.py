@@ -148,7 +148,8 @@ def write_file(path: Path, fill: Callable[[Any], None], need: Callable[[], Optio
     return w.n, w.sha.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (POSIX; a no-op where folders cannot be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -203,7 +204,7 @@ class Manifest:
             raise
         os.replace(tmp, self.path)
         if durable:
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     # -- replacing a whole file ----------------------------------------------------
     def replace(self, path: Path, fill: Callable[[Any], None], need: Callable[[], Optional[int]]) -> None:
@@ -222,7 +223,7 @@ class Manifest:
                 self.files[name] = old
             raise
         os.replace(tmp, path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.files[name] = _entry(n, sha)
         self._running.pop(name, None)
         self.save(durable=False)  # (lost to a power cut, the manifest before still accepts the new content)

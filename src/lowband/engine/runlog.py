@@ -26,7 +26,7 @@ import torch
 
 from lowband.config.schema import Experiment
 from lowband.engine.runfiles import (MANIFEST_MARK, MANIFEST_NAME, DamagedFileError, Manifest, RunDirError,
-                                     disk_full, check_folder)
+                                     disk_full, check_folder, fsync_dir)
 from lowband.engine.runlock import LOCK_NAME, RunLock, lock_holder
 from lowband.metricdir import reaches
 
@@ -53,19 +53,6 @@ def _log_record(rec: Any) -> dict[str, Any]:
 #: the first line of every config.toml a run writes: what marks a folder as lowband's own
 CONFIG_HEADER = "# lowband run folder: the resolved configuration of this run (written by lowband)\n"
 
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (POSIX; a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
