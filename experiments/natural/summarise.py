@@ -4,7 +4,8 @@ evaluated round against cumulative uplink bytes and against simulated time on LT
 NB-IoT, the link time replayed from each run's ledger.csv with lowband.comm.links (the
 presets' rates, frames and latency; local compute not counted: the links alone).
 
-Usage (from the repository root): python experiments/natural/summarise.py [runs/natural]
+Usage (from the repository root): python experiments/natural/summarise.py [runs/natural] [NAME ...]
+(the run folders' names under the root; by default the four 1-epoch runs).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def uplink(ledger: Path) -> dict[int, int]:
 
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/natural")
+    names = tuple(sys.argv[2:]) or RUNS
     print("| run | round | global acc | global loss | uplink (MB) | LTE time | NB-IoT time |")
     print("|---|---|---|---|---|---|---|")
-    for name in RUNS:
+    for name in names:
         run = root / name
         if not (run / "metrics.jsonl").is_file():
             print(f"| {name} | - | not run | | | | |")
