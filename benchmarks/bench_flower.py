@@ -6,6 +6,9 @@ For each workload the script runs the same config three ways and reads the per-r
 ``timing.jsonl`` (one driver writes it on every path):
 
 1. ``lowband``: ``lowband run`` (:class:`lowband.engine.simulator.Simulation`);
+   ``alone``: the same with ``engine.vectorize = "off"`` (each client trains alone, as a
+   ClientApp does: the part of the gap that is lowband's cohort training, which a
+   deployment of one client per SuperNode cannot use);
 2. ``adapter``: the Flower adapter's ServerApp loop (:class:`lowband.flower.FlowerRun`)
    driving its ClientApp through an in-process Grid (every message is a real Flower
    ``Message`` handled by the real ``ClientApp``, without Flower's runtime): lowband's
@@ -117,9 +120,11 @@ def run_path(path: str, cfg: dict[str, Any], profile: Path | None = None) -> dic
     n = int(cfg["data"]["num_clients"])
     extra: dict[str, Any] = {}
     t0 = time.perf_counter()
-    if path == "lowband":
+    if path in ("lowband", "alone"):
         from lowband.engine.simulator import Simulation
 
+        if path == "alone":
+            exp = validate({**cfg, "engine": {**cfg.get("engine", {}), "vectorize": "off"}})
         Simulation(exp).run()
     elif path == "adapter":
         from lowband.flower import FlowerRun, client_app
@@ -142,7 +147,7 @@ def run_path(path: str, cfg: dict[str, Any], profile: Path | None = None) -> dic
         run_simulation(server_app=server_app(exp), client_app=client_app(exp), num_supernodes=n,
                        backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
     else:
-        raise SystemExit(f"--paths: unknown path {path!r} (lowband, adapter, flower)")
+        raise SystemExit(f"--paths: unknown path {path!r} (lowband, alone, adapter, flower)")
     wall = time.perf_counter() - t0
     d = exp.run_dir()
     timing = [json.loads(x) for x in (d / "timing.jsonl").read_text().splitlines()]
@@ -158,6 +163,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
            "round_s": sum(x["round_s"] for x in later) / max(len(later), 1),
            "eval_s": sum(x["eval_s"] for x in later) / max(len(later), 1)}
     out["total_s"] = out["round_s"] + out["eval_s"]
+    if later and all("cpu_s" in x for x in later):  # this process's CPU seconds (not Ray's actors)
+        out["cpu_s"] = sum(x["cpu_s"] for x in later) / len(later)
     if r0:
         out["round0_s"] = r0[0]["round_s"] + r0[0]["eval_s"]
     if "messages" in res:
@@ -168,7 +175,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="fmnist,digits100,digits500")
-    ap.add_argument("--paths", default="lowband,adapter,flower")
+    ap.add_argument("--paths", default="lowband,alone,adapter,flower")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", type=Path, default=None, help="folder for the adapter path's cProfile files")
     ap.add_argument("--json", type=Path, default=None)
