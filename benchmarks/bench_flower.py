@@ -17,10 +17,12 @@ For each workload the script runs the same config three ways and reads the per-r
    backend, one virtual-client actor on one CPU): what a user of the adapter waits for.
    ``flower - adapter`` is Flower's plumbing (its message store, Ray actors, serialisation).
 
-All three must write the same metrics.jsonl (the script checks it and says so). Round 0 (the
-initial evaluation, which also pays the ClientApp cold start) is reported apart from the
-mean of rounds 1..R. ``--profile`` writes a cProfile of the ``adapter`` path per workload
-and prints its top functions by cumulative time.
+All must write the same metrics.jsonl as ``lowband`` (the script checks it and says so;
+``alone`` trains otherwise and may differ). The figures are means over rounds 1..R
+(timing.jsonl has no line for round 0's evaluation; ``wall_s``, the whole call, includes
+start-up and the ClientApp cold start). ``cpu_s`` is this process's CPU seconds per round
+(Flower's Ray actors are not in it). ``--profile`` writes a cProfile of the ``adapter`` path
+per workload and prints its top functions by cumulative time.
 
 Usage (from the repository root, ``LOWBAND_DATA`` set)::
 
@@ -155,18 +157,15 @@ def run_path(path: str, cfg: dict[str, Any], profile: Path | None = None) -> dic
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
-    """Round 0's seconds and the mean round (1..R) seconds, training and evaluation."""
+    """The mean round (1..R): seconds training and messaging, evaluating, in all; CPU seconds."""
     t = res["timing"]
     later = [x for x in t if x["round"] > 0]
-    r0 = [x for x in t if x["round"] == 0]
     out = {"wall_s": round(res["wall_s"], 2),
            "round_s": sum(x["round_s"] for x in later) / max(len(later), 1),
            "eval_s": sum(x["eval_s"] for x in later) / max(len(later), 1)}
     out["total_s"] = out["round_s"] + out["eval_s"]
     if later and all("cpu_s" in x for x in later):  # this process's CPU seconds (not Ray's actors)
         out["cpu_s"] = sum(x["cpu_s"] for x in later) / len(later)
-    if r0:
-        out["round0_s"] = r0[0]["round_s"] + r0[0]["eval_s"]
     if "messages" in res:
         out["messages"] = res["messages"]
     return out
