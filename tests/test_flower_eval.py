@@ -89,3 +89,27 @@ def test_every_client_is_asked_only_when_the_protocol_scores_every_client(tmp_pa
     assert grid.evaluated == [list(range(10))] * (ROUNDS + 1)
     assert len(loads) == grid.by_type["train"]  # a train step loads its client's state; evaluate does not
     assert adapter._EVAL_PARAMS.decoded - decoded == ROUNDS + 1
+
+
+def test_the_params_cache_decodes_new_bytes_and_keeps_no_refused_ones() -> None:
+    """Equal bytes give the tensors decoded before; other bytes are decoded again; bytes
+    the decoder refuses leave the cache as it was."""
+    import torch
+
+    from lowband.flower.evaluation import ParamsCache
+
+    calls = []
+
+    def decode(data):
+        calls.append(data)
+        if data == b"bad":
+            raise ValueError("refused")
+        return {"w": torch.tensor([float(len(data))])}
+
+    cache = ParamsCache()
+    first = cache.get(b"model-1", decode)
+    assert cache.get(bytearray(b"model-1"), decode) is first and len(calls) == 1
+    with pytest.raises(ValueError):
+        cache.get(b"bad", decode)
+    assert cache.get(b"model-1", decode) is first and len(calls) == 2
+    assert cache.get(b"model-22", decode)["w"].item() == 8.0 and cache.decoded == 2
