@@ -356,7 +356,6 @@ class _Client:
             out.update({"node_global/acc": float(acc), "node_global/loss": float(loss)})
         return MetricRecord(out)
 
-
     def _eval_params(self, data: Any) -> dict[str, torch.Tensor]:
         """The server's model an ``evaluate`` message carries (fp32 wire, see :func:`_wire_params`)."""
         msg = self._decode(data, lambda kind: "fp32")
