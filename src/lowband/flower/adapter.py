@@ -18,8 +18,10 @@ family algorithms fit: Flower messages go between the ServerApp and ClientApps, 
 peer-to-peer methods (DFedAvg, D-PSGD, NTK-DFL, SPARK, ...) are not expressible.
 
 Evaluation: ``global`` on the ServerApp (global test set); ``personal`` (each client's
-own test split) and ``node_global`` (each client's model on the global test set) by an
-``evaluate`` message to every client; measurement traffic is not counted, as in lowband.
+own test split), ``personal_joined`` (the same, on the clients that have joined) and
+``node_global`` (each client's model on the global test set) by an ``evaluate`` message to
+each client they score and to no other (the ``eval.nodes`` sample; none for ``global``
+alone: :mod:`lowband.flower.evaluation`); measurement traffic is not counted, as in lowband.
 ``consensus`` (averaging every client's weights) is not offered, nor are the clients'
 own diagnostics (``Algorithm.node_metrics``). ``[faults]`` apply (dropped clients are not
 asked, late ones' replies are counted and not delivered); ``[links]`` and codecs with
@@ -73,13 +75,12 @@ from lowband.comm.network import Network
 from lowband.config.schema import ConfigError, Experiment
 from lowband.config.loading import apply_overrides, load_toml
 from lowband.config.resolve import validate
-from lowband.engine.evaluation import (
-    _eval_node_global, _eval_personal, _eval_server, node_global_summary, personal_summary,
-)
+from lowband.engine.evaluation import _eval_node_global, _eval_personal, _eval_server
 from lowband.comm.validate import FRESH_KEY, Rejection, ValidationPolicy, Validator, freshness_problem
 from lowband.engine.observers import Faults
 from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
+from lowband.flower.evaluation import CLIENT_PROTOCOLS, ParamsCache, asked, needs_state, summaries
 from lowband.flower.guard import (
     MAX_MESSAGES, UPLOAD_KINDS, MissingMeta, Rejected, ReplyBudget, StrictMeta, budget_for, check_eval, check_tensors,
     check_upload, checked_round, decode_reply,
@@ -90,7 +91,7 @@ __all__ = ["client_app", "server_app", "experiment_from_run_config", "FlowerRun"
 
 RECORD = "lowband"  # name of the ConfigRecord that carries lowband's payload
 STATE = "lowband-state"  # name of the ConfigRecord in context.state that holds the node's state
-EVAL_PROTOCOLS = ("global", "personal", "node_global")
+EVAL_PROTOCOLS = ("global", "personal", "personal_joined", "node_global")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -155,14 +156,22 @@ _SETUPS: dict[str, Simulation] = {}
 
 def _setup(exp: Experiment) -> Simulation:
     """The experiment's algorithm, federation and topology in this process (cached: a
-    simulation runtime calls many virtual clients in one process)."""
+    simulation runtime calls many virtual clients in one process). The Experiment object a
+    ClientApp was given is recognised without re-serialising it on every message (a
+    validated Experiment is not changed in place: a changed one is a ``model_copy``)."""
+    if _LAST_SETUP and _LAST_SETUP[0] is exp:
+        return _LAST_SETUP[1]
     key = exp.to_toml()
     if key not in _SETUPS:
         sim = Simulation(_in_process(exp), write=False)
         _check_exportable(sim)
         _SETUPS.clear()
         _SETUPS[key] = sim
+    _LAST_SETUP[:] = [exp, _SETUPS[key]]
     return _SETUPS[key]
+
+
+_LAST_SETUP: list[Any] = []  # [the Experiment object last set up, its Simulation]
 
 
 def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> Step:
@@ -332,15 +341,13 @@ class _Client:
             raise ValueError(f"refused: protocols must be a list of 'personal', 'node_global'; "
                              f"got {str(protocols)[:60]}")
         ctx = sim.executor.context(node, r, sim.topology.plan(max(r - 1, 0)))
-        state = self.load_state()
+        # only what the numbers read: a non-personalised `personal` scores the server's model
+        state = self.load_state() if needs_state(protocols, sim.alg.personalized) else {}
         out: dict[str, Any] = {}
         if "personal" in protocols:
             server_params = None
-            if "server-params" in cfg:
-                msg = self._decode(cfg["server-params"], lambda kind: "fp32")  # see _wire_params
-                if msg.kind != "eval":
-                    raise ValueError(f"refused: server-params is a {msg.kind!r} message, not 'eval'")
-                server_params = msg.tensors
+            if "server-params" in cfg:  # the same bytes to every client of a round: decoded once here
+                server_params = _EVAL_PARAMS.get(cfg["server-params"], self._eval_params)
             acc, loss, n = _eval_personal(ctx, state, sim.alg, not sim.alg.personalized, server_params, bs)
             out.update({"personal/acc": float(acc), "personal/loss": float(loss), "personal/n": int(n)})
         if "node_global" in protocols:
@@ -348,6 +355,16 @@ class _Client:
             acc, loss = _eval_node_global(ctx, state, sim.alg, test, bs)
             out.update({"node_global/acc": float(acc), "node_global/loss": float(loss)})
         return MetricRecord(out)
+
+    def _eval_params(self, data: Any) -> dict[str, torch.Tensor]:
+        """The server's model an ``evaluate`` message carries (fp32 wire, see :func:`_wire_params`)."""
+        msg = self._decode(data, lambda kind: "fp32")
+        if msg.kind != "eval":
+            raise ValueError(f"refused: server-params is a {msg.kind!r} message, not 'eval'")
+        return msg.tensors
+
+
+_EVAL_PARAMS = ParamsCache()  # this process's latest server model of an evaluate message
 
 
 def client_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path] = None) -> ClientApp:
@@ -677,8 +694,9 @@ class FlowerBackend:
 
     # -- evaluation ------------------------------------------------------------------------
     def evaluate(self, r: int, plan: Any) -> dict[str, Any]:
-        """The protocols' metrics: ``global`` here, ``personal`` and ``node_global`` by an
-        ``evaluate`` message to every client (refused replies go to the run's rejections)."""
+        """The protocols' metrics: ``global`` here, the client protocols by an ``evaluate``
+        message to each client they score, and to no other (:mod:`lowband.flower.evaluation`;
+        refused replies go to the run's rejections)."""
         sim, ex, alg = self.sim, self.sim.executor, self.sim.alg
         rec: dict[str, Any] = {}
         bs = sim.exp.eval.batch_size
@@ -687,40 +705,34 @@ class FlowerBackend:
                                [SERVER], r, plan)[SERVER]
             if res is not None:
                 rec["global/acc"], rec["global/loss"] = res[0], res[1]
-        on_clients = [p for p in sim.protocols if p in ("personal", "node_global")]
-        if on_clients:
-            rec.update(self._evaluate_clients(r, on_clients))
+        if any(p in CLIENT_PROTOCOLS for p in sim.protocols):
+            rec.update(self._evaluate_clients(r))
         return rec
 
-    def _evaluate_clients(self, r: int, on_clients: list[str]) -> dict[str, Any]:
-        """``personal`` / ``node_global`` from an ``evaluate`` message to every client."""
+    def _evaluate_clients(self, r: int) -> dict[str, Any]:
+        """The client protocols from an ``evaluate`` message to each client one of them
+        scores this round, asking it only for the numbers used (:func:`asked`)."""
         sim, ex, alg = self.sim, self.sim.executor, self.sim.alg
-        base: dict[str, Any] = {"round": r, "protocols": on_clients}
-        if "personal" in on_clients and not alg.personalized and alg.has_server:
-            wire = _wire_params(alg.server_params(ex.states[SERVER]))
-            if wire is not None:
-                base["server-params"] = wire
+        ask = asked(sim.protocols, sim.evaluator, r)
         into = self.net.rejections  # collected with the round's (lowband.engine.observers.incidents)
-        reps = self._send("evaluate", {c: ConfigRecord(dict(base)) for c in range(sim.num_nodes)}, r, into)
-        res = []
+        wire = None
+        if any("personal" in n for n in ask.values()) and not alg.personalized and alg.has_server:
+            wire = _wire_params(alg.server_params(ex.states[SERVER]))
+        content = {}
+        for c, numbers in ask.items():
+            base: dict[str, Any] = {"round": r, "protocols": numbers}
+            if wire is not None and "personal" in numbers:
+                base["server-params"] = wire
+            content[c] = ConfigRecord(base)
+        reps = self._send("evaluate", content, r, into) if content else {}
+        got: dict[int, dict[str, Any]] = {}
         for c in sorted(reps):
             try:
-                got = reps[c].content["metrics"] if "metrics" in reps[c].content else {}
-                res.append(check_eval(got, on_clients, self.n_test[c]))
+                numbers = reps[c].content["metrics"] if "metrics" in reps[c].content else {}
+                got[c] = check_eval(numbers, ask[c], self.n_test[c])
             except Rejected as e:
                 self._reject(e.reason, c, r, e.detail, into)
-        return _client_summaries(on_clients, res) if res else {}
-
-
-def _client_summaries(on_clients: list[str], res: list[dict[str, Any]]) -> dict[str, Any]:
-    """The aggregation of :mod:`lowband.engine.evaluation`, on the clients' per-node numbers."""
-    rec: dict[str, Any] = {}
-    if "personal" in on_clients:
-        rec.update(personal_summary("personal", [m["personal/acc"] for m in res],
-                                    [m["personal/loss"] for m in res], [m["personal/n"] for m in res]))
-    if "node_global" in on_clients:
-        rec.update(node_global_summary([m["node_global/acc"] for m in res], [m["node_global/loss"] for m in res]))
-    return rec
+        return summaries(sim.protocols, sim.evaluator, r, got)
 
 
 class FlowerRun:
