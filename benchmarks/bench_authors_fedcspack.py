@@ -10,6 +10,7 @@ and this environment lacks is supplied *beside* it, in ``<workdir>/shim`` (put f
 its ``PYTHONPATH``):
 
 - ``tqdm``: the round loop's progress bar (a pass-through iterator);
+- ``torchinfo.summary``: imported by the model file, called only in its ``__main__``;
 - ``torchvision.datasets.FashionMNIST`` / ``torchvision.transforms``: the global test set
   (used by its server's constructor and its final generalisation test, outside the timed
   rounds), read from ``$LOWBAND_DATA/fashion-mnist`` (ToTensor, Normalize(0.5, 0.5));
@@ -67,6 +68,10 @@ DATA_SUBDIR = "dataset/formatdata/fashionmnist/100/noniid/dir/unbalance"
 SHIM_TQDM = '''"""A stand-in for tqdm: iterates without drawing a bar."""
 def tqdm(iterable=None, *args, **kwargs):
     return iterable
+'''
+SHIM_TORCHINFO = '''"""A stand-in for torchinfo: the model file imports ``summary`` for its own __main__ only."""
+def summary(*args, **kwargs):
+    return None
 '''
 SHIM_TV_INIT = '''"""The two torchvision pieces the FedCSPACK code uses, for an environment without torchvision."""
 from . import datasets, transforms  # noqa: F401
@@ -161,6 +166,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shim = work / "shim"
     (shim / "torchvision").mkdir(parents=True, exist_ok=True)
     (shim / "tqdm.py").write_text(SHIM_TQDM)
+    (shim / "torchinfo.py").write_text(SHIM_TORCHINFO)
     (shim / "torchvision/__init__.py").write_text(SHIM_TV_INIT)
     (shim / "torchvision/transforms.py").write_text(SHIM_TV_TRANSFORMS)
     (shim / "torchvision/datasets.py").write_text(SHIM_TV_DATASETS)
