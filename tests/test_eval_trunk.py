@@ -72,6 +72,17 @@ def test_non_finite_weights_take_the_dense_path_and_keep_its_nan(passes: list[in
     torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
 
 
+def test_a_non_finite_input_takes_the_dense_path(passes: list[int]) -> None:
+    m, x = _model(), _inputs(8)
+    x[3, 0, 5, 5] = float("nan")
+    x[5, 0, 7, 7] = float("inf")
+    with torch.inference_mode():
+        out, ref = m.row_trunk(x), m._dense_trunk(x)
+    assert passes == []
+    assert torch.isnan(out[3]).any()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
 def test_a_bound_near_overflow_takes_the_dense_path(passes: list[int]) -> None:
     m, x = _model(), _inputs(4)
     with torch.no_grad():

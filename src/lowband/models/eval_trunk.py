@@ -65,7 +65,10 @@ def trunk_bound(convs: tuple[nn.Conv2d, ...], x: torch.Tensor) -> float:
     """An upper bound on ``|output|`` of every convolution of the trunk (max-pool and ReLU
     never increase the largest magnitude); ``inf`` or NaN when an input or weight is not
     finite (then the comparison with :data:`SAFE_BOUND` fails and the dense path runs)."""
-    bound = float(torch.linalg.vector_norm(x, float("inf"))) if x.numel() else 0.0  # NaN stays NaN
+    bound = 0.0
+    if x.numel():  # one pass (linalg.vector_norm(x, inf) took ~1 ms per 500 images); a NaN stays NaN
+        lo, hi = torch.aminmax(x)
+        bound = float(torch.maximum(hi, -lo))
     for conv in convs:
         per_out = conv.weight.detach().abs().flatten(1).sum(1) * bound
         if conv.bias is not None:
