@@ -7,6 +7,11 @@ the node states and times ``Simulation.evaluator`` ``REPEATS`` times (3 by defau
 the initial models (the cost does not depend on the weights). Prints one JSON line: wall
 and CPU seconds per call, their median and the metrics. ``TRAIN=1`` runs round 1's steps
 first, so the metrics are those of trained models.
+
+The floor: the evaluation's FLOPs (one more call under ``FlopCounterMode``: the forward
+passes' matrix products and convolutions) over the best rate of a 2048^3 fp32 matmul on
+the same one thread (``benchmarks/_common.big_matmul_rate``), taken between the calls;
+``eval_over_floor`` is the median wall time over that floor.
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import big_matmul_rate  # noqa: E402
 
 from lowband.config import load_experiment
 from lowband.engine.simulator import Simulation
@@ -34,14 +46,23 @@ def main(argv: list[str]) -> None:
             steps, inboxes = sim.alg.steps(1, plan), {}
             for k, step in enumerate(steps):
                 inboxes = sim.route(1, sim.executor.run_step(step, 1, plan, inboxes), deliver=k < len(steps) - 1)
-        times, metrics = [], {}
+        torch.set_num_threads(1)
+        with FlopCounterMode(display=False) as counter:
+            sim.evaluator(1, plan)
+        flops = counter.get_total_flops()
+        times, metrics, rates = [], {}, []
         for _ in range(reps):
+            rates.append(big_matmul_rate(2048, 0.5)["gflops_floor"])
             t, c = time.perf_counter(), time.process_time()
             metrics = sim.evaluator(1, plan)
             times.append((time.perf_counter() - t, time.process_time() - c))
+    floor = flops / (max(rates) * 1e9)
     print(json.dumps({"config": os.path.basename(cfg), "overrides": extra,
                       "eval_wall_s": [round(a, 3) for a, _ in times], "eval_cpu_s": [round(b, 3) for _, b in times],
-                      "median_wall_s": round(statistics.median(a for a, _ in times), 3), "metrics": metrics}))
+                      "median_wall_s": round(statistics.median(a for a, _ in times), 3), "gflop": round(flops / 1e9, 2),
+                      "gflops_1thread": round(max(rates), 1), "floor_s": round(floor, 3),
+                      "eval_over_floor": round(statistics.median(a for a, _ in times) / floor, 2),
+                      "metrics": metrics}))
 
 
 if __name__ == "__main__":

@@ -479,6 +479,8 @@ def report(results: dict[str, dict[str, Any]], rate: dict[str, float], args: arg
             bits = [f"{key}/{mode}: {_s(r.get('s_per_round'))} s/round"]
             if r.get("train_s") is not None:
                 bits.append(f"train {_s(r['train_s'])} + eval {_s(r['eval_s'])}")
+                if fl and fl["eval"] and wl["kind"] == "fl":  # the evaluation against its own floor
+                    bits.append(f"eval / eval floor {_ratio(r['eval_s'], fl['eval'] / floor_rate)}")
             if r.get("round1_s") is not None:
                 bits.append(f"round 1 {_s(r['round1_s'])}")
             if r.get("extrapolated_x", 1.0) != 1.0:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import eval_trunk
 from .base import FeatureClassifier, check_spatial, conv_out, image_shape
 
 
@@ -71,7 +72,13 @@ class FedCSPackFMNISTCNN(FeatureClassifier):
         """The convolutions (to the flattened 320 features): each sample's output is the same
         bits whatever else shares its batch, unlike the dense layers' matrix products (see
         :data:`lowband.train.evaluate.ROW_ALIGN`). ``forward(x) = row_tail(row_trunk(x))``;
-        the pooled evaluation runs the trunk on unpadded rows (lowband.engine.evaluation)."""
+        the pooled evaluation runs the trunk on unpadded rows (lowband.engine.evaluation).
+        In evaluation it runs in oneDNN's layout where that gives the same bits
+        (:mod:`lowband.models.eval_trunk`)."""
+        fast = eval_trunk.fast_trunk(self, (self.conv1, self.conv2), x, self._dense_trunk)
+        return fast if fast is not None else self._dense_trunk(x)
+
+    def _dense_trunk(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(pool2(self.conv1(x)))
         return F.relu(pool2(self.conv2_drop(self.conv2(x)))).flatten(1)
 
