@@ -152,6 +152,7 @@ def child(cfg_path: str, out_dir: str, rounds: int, stop_after: int) -> None:
         "rounds_run": len(timing),
         "eval_s": statistics.median([t.get("eval_s", 0.0) for t in timing]), "run_s": t_run,
         "ckpt_s": statistics.median(ckpt_s) if ckpt_s else None, "ckpt_bytes": ck_bytes,
+        "ckpt_run_s": statistics.fmean(ckpt_s[:-1]) if len(ckpt_s) > 1 else None,
         # every checkpoint written: its round and seconds; and each one's cost over the run's
         # time from its end to the next one's start (the share a schedule gives it)
         "ckpt_written": [(r, b - a) for r, a, b in written],
@@ -181,10 +182,15 @@ def slope(xs: list[int], ys: list[float]) -> float:
 
 def table(name: str, rows: list[tuple[int, dict]], what: str) -> list[str]:
     out = [f"\n{name}", "",
+           "(checkpoint s/round: the mean time in checkpoints over the rounds before the last, whose checkpoint is "
+           "always written; / round: of round + eval)", "",
            f"| {what} | start-up s | round s | eval s | peak RSS GiB | checkpoint s/round | checkpoint / round | checkpoint MB | load before -> after |",
            "|---|---|---|---|---|---|---|---|---|"]
     for n, r in rows:
         frac = (r["ckpt_s"] / r["round_s"]) if r.get("ckpt_s") is not None and r["round_s"] else float("nan")
+        if r.get("ckpt_run_s") is not None:  # every round's checkpoint time but the last's (always written)
+            r = {**r, "ckpt_s": r["ckpt_run_s"]}
+            frac = r["ckpt_s"] / (r["round_s"] + r["eval_s"])
         out.append(f"| {n:,} | {r['startup_s']:.2f} | {r['round_s']:.3f} | {r['eval_s']:.3f} | {r['peak_rss_gib']:.2f} "
                    f"| {r['ckpt_s'] or 0:.3f} | {frac:.1%} | {r['ckpt_bytes'] / 1e6:.1f} | {r['load']} |")
     xs = [n for n, _ in rows]
@@ -261,17 +267,19 @@ def main() -> None:
         print(json.dumps({"dfedavg": n, **r}), file=sys.stderr, flush=True)
         if not a.no_resume:
             out = base / f"dfedavg-{n}-resumed"
-            run_child(str(cfg), out, a.rounds, stop_after=a.rounds - 1)
+            killed = run_child(str(cfg), out, a.rounds, stop_after=a.rounds - 1)
             rr = run_child(str(cfg), out, a.rounds, stop_after=-1)
             same = {f: (base / f"dfedavg-{n}" / f).read_bytes() == (out / f).read_bytes()
                     for f in ("metrics.jsonl", "ledger.csv")}
-            results["resume"][n] = {"identical": same, "resumed_run": rr}
+            written = killed.get("ckpt_written") or [[0, 0.0]]
+            results["resume"][n] = {"identical": same, "resumed_run": rr, "from_round": written[-1][0]}
             print(json.dumps({"resume": n, **same}), file=sys.stderr, flush=True)
     if dfed_rows:
         lines += table("DFedAvg, NTK-FL alpha 0.1 (~200 samples per node), MLP, 5-regular, 1 local epoch; "
                        "eval consensus + node_global (eval.nodes 100)", dfed_rows, "node")
         for n, v in results["resume"].items():
-            lines.append(f"resume at {n:,} nodes (killed after round {a.rounds - 1}'s checkpoint): "
+            lines.append(f"resume at {n:,} nodes (killed after round {a.rounds - 1}, resumed from its last checkpoint, "
+                         f"round {v['from_round']}; peak RSS {v['resumed_run']['peak_rss_gib']:.2f} GiB): "
                          + ", ".join(f"{f} {'byte-identical' if ok else 'DIFFERENT'}" for f, ok in v["identical"].items()))
     lines.append(f"\nload average at the end {load()}")
     print("\n".join(lines))
