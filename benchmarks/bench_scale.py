@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FEDAVG = """
 name = "scale-fedavg"
 seed = 0
-allow_huge = true  # config.bounds counts a model copy per client; FedAvg's lazy client states hold none
 rounds = {rounds}
 threads = 1
 checkpoint_every = 1
@@ -80,7 +79,7 @@ name = "scale-dfedavg"
 seed = 0
 rounds = {rounds}
 threads = 1
-checkpoint_every = 1
+checkpoint_every = {checkpoint_every}
 [data]
 dataset = "fashion_mnist"
 num_clients = {n}
@@ -117,12 +116,16 @@ def child(cfg_path: str, out_dir: str, rounds: int, stop_after: int) -> None:
 
     t_import = time.perf_counter() - t0
     ckpt_s: list[float] = []
+    written: list[tuple[int, float, float]] = []  # (round, start, end) of each checkpoint written
     orig = Checkpoint.on_round_end
 
     def timed(self, run, rnd):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
+        n = len(self.rounds)
         orig(self, run, rnd)
         ckpt_s.append(time.perf_counter() - t)
+        if len(self.rounds) > n:
+            written.append((rnd.number, t, t + ckpt_s[-1]))
         if stop_after and rnd.number == stop_after:
             raise KeyboardInterrupt  # killed after round stop_after's checkpoint
 
@@ -146,8 +149,14 @@ def child(cfg_path: str, out_dir: str, rounds: int, stop_after: int) -> None:
     print(json.dumps({
         "import_s": t_import, "build_s": t_build, "startup_s": t_build + (first or 0.0), "to_round1_s": first,
         "round_s": statistics.median(rounds_s), "rounds_s": [t["round_s"] for t in timing],
+        "rounds_run": len(timing),
         "eval_s": statistics.median([t.get("eval_s", 0.0) for t in timing]), "run_s": t_run,
         "ckpt_s": statistics.median(ckpt_s) if ckpt_s else None, "ckpt_bytes": ck_bytes,
+        "ckpt_run_s": statistics.fmean(ckpt_s[:-1]) if len(ckpt_s) > 1 else None,
+        # every checkpoint written: its round and seconds; and each one's cost over the run's
+        # time from its end to the next one's start (the share a schedule gives it)
+        "ckpt_written": [(r, b - a) for r, a, b in written],
+        "ckpt_share": [(b - a) / (written[k + 1][1] - b) for k, (_, a, b) in enumerate(written[:-1])],
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }))
 
@@ -173,14 +182,25 @@ def slope(xs: list[int], ys: list[float]) -> float:
 
 def table(name: str, rows: list[tuple[int, dict]], what: str) -> list[str]:
     out = [f"\n{name}", "",
+           "(checkpoint s/round: the mean time in checkpoints over the rounds before the last, whose checkpoint is "
+           "always written; / round: of round + eval)", "",
            f"| {what} | start-up s | round s | eval s | peak RSS GiB | checkpoint s/round | checkpoint / round | checkpoint MB | load before -> after |",
            "|---|---|---|---|---|---|---|---|---|"]
     for n, r in rows:
         frac = (r["ckpt_s"] / r["round_s"]) if r.get("ckpt_s") is not None and r["round_s"] else float("nan")
+        if r.get("ckpt_run_s") is not None:  # every round's checkpoint time but the last's (always written)
+            r = {**r, "ckpt_s": r["ckpt_run_s"]}
+            frac = r["ckpt_s"] / (r["round_s"] + r["eval_s"])
         out.append(f"| {n:,} | {r['startup_s']:.2f} | {r['round_s']:.3f} | {r['eval_s']:.3f} | {r['peak_rss_gib']:.2f} "
                    f"| {r['ckpt_s'] or 0:.3f} | {frac:.1%} | {r['ckpt_bytes'] / 1e6:.1f} | {r['load']} |")
     xs = [n for n, _ in rows]
     fits = {k: slope(xs, [r[k] or 0.0 for _, r in rows]) for k in ("startup_s", "round_s", "peak_rss_gib", "ckpt_bytes")}
+    for n, r in rows:
+        if r.get("ckpt_written") and (len(r["ckpt_written"]) < r.get("rounds_run", 10**9)):
+            out.append(f"{n:,} {what}s: checkpoints after rounds "
+                       + ", ".join(f"{k} ({c:.2f} s)" for k, c in r["ckpt_written"])
+                       + ("; each one's cost over the time to the next: "
+                          + ", ".join(f"{x:.1%}" for x in r["ckpt_share"]) if r.get("ckpt_share") else ""))
     out.append("")
     out.append(f"fitted slope per {what}: start-up {fits['startup_s'] * 1e6:.1f} us, round {fits['round_s'] * 1e6:.2f} us, "
                f"peak RSS {fits['peak_rss_gib'] * 2**30 / 1e3:.1f} kB, checkpoint {fits['ckpt_bytes'] / 1e3:.2f} kB")
@@ -194,6 +214,8 @@ def main() -> None:
     ap.add_argument("--dfedavg", default="1000,10000", help="node counts ('' to skip)")
     ap.add_argument("--per-round", type=int, default=100, help="FedAvg clients per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dfedavg-checkpoint", default="1",
+                    help='DFedAvg\'s checkpoint_every: a round count or "auto" (docs/configuration.md)')
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     ap.add_argument("--no-resume", action="store_true", help="skip DFedAvg's kill-and-resume check")
     ap.add_argument("--json", help="write every number here")
@@ -236,7 +258,8 @@ def main() -> None:
     dfed_rows = []
     for n in [int(x) for x in a.dfedavg.split(",") if x]:
         cfg = base / f"dfedavg-{n}.toml"
-        cfg.write_text(DFEDAVG.format(rounds=a.rounds, n=n, eval_nodes=min(n, 100)))
+        every = a.dfedavg_checkpoint if a.dfedavg_checkpoint.isdigit() else f'"{a.dfedavg_checkpoint}"'
+        cfg.write_text(DFEDAVG.format(rounds=a.rounds, n=n, eval_nodes=min(n, 100), checkpoint_every=every))
         print(f"dfedavg {n:,} nodes ...", file=sys.stderr, flush=True)
         r = run_child(str(cfg), base / f"dfedavg-{n}", a.rounds)
         results["dfedavg"][n] = r
@@ -244,17 +267,19 @@ def main() -> None:
         print(json.dumps({"dfedavg": n, **r}), file=sys.stderr, flush=True)
         if not a.no_resume:
             out = base / f"dfedavg-{n}-resumed"
-            run_child(str(cfg), out, a.rounds, stop_after=a.rounds - 1)
+            killed = run_child(str(cfg), out, a.rounds, stop_after=a.rounds - 1)
             rr = run_child(str(cfg), out, a.rounds, stop_after=-1)
             same = {f: (base / f"dfedavg-{n}" / f).read_bytes() == (out / f).read_bytes()
                     for f in ("metrics.jsonl", "ledger.csv")}
-            results["resume"][n] = {"identical": same, "resumed_run": rr}
+            written = killed.get("ckpt_written") or [[0, 0.0]]
+            results["resume"][n] = {"identical": same, "resumed_run": rr, "from_round": written[-1][0]}
             print(json.dumps({"resume": n, **same}), file=sys.stderr, flush=True)
     if dfed_rows:
         lines += table("DFedAvg, NTK-FL alpha 0.1 (~200 samples per node), MLP, 5-regular, 1 local epoch; "
                        "eval consensus + node_global (eval.nodes 100)", dfed_rows, "node")
         for n, v in results["resume"].items():
-            lines.append(f"resume at {n:,} nodes (killed after round {a.rounds - 1}'s checkpoint): "
+            lines.append(f"resume at {n:,} nodes (killed after round {a.rounds - 1}, resumed from its last checkpoint, "
+                         f"round {v['from_round']}; peak RSS {v['resumed_run']['peak_rss_gib']:.2f} GiB): "
                          + ", ".join(f"{f} {'byte-identical' if ok else 'DIFFERENT'}" for f, ok in v["identical"].items()))
     lines.append(f"\nload average at the end {load()}")
     print("\n".join(lines))

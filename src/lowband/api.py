@@ -206,6 +206,7 @@ class Result:
         self._ledger_columns = ledger_columns
         self._states = states
         self._data_shape = data_shape
+        self._sim: Any = None  # a simulation that remakes initial states (initial_state)
 
     def __repr__(self) -> str:
         final = (self.summary.get("final") or {}).get(self.main_metric)
@@ -262,6 +263,24 @@ class Result:
             self._states = {int(k): v for k, v in data["states"].items()}
         return self._states
 
+    def initial_state(self, node: int) -> Any:
+        """Node ``node``'s initial state, as the run made it when the node was first read:
+        :attr:`states` lacks the nodes a run never read (node states are made on first use,
+        so a client never sampled has none), and their state is still the initial one. It is
+        remade from the config (the federation and the round-0 plan it may read, the seed
+        ``(seed, "torch", "init", node)``): the same bits. Needs the run's dataset."""
+        if self._sim is None:
+            from lowband.engine.simulator import Simulation
+
+            exp = self.config
+            exp = exp.model_copy(update={
+                "executor": "serial", "device": "cpu", "engine": exp.engine.model_copy(update={"workers": 1}),
+                "data": exp.data.model_copy(update={"download": False})})
+            sim = Simulation(exp, write=False)
+            sim.backend.init_states(sim.topology.plan(0) if sim.num_nodes else None)
+            self._sim = sim
+        return self._sim.executor.init_state(int(node))
+
     def _builder(self) -> Any:
         from types import SimpleNamespace
 
@@ -292,10 +311,12 @@ class Result:
                 raise ValueError(f"{alg.name} has no server: pass a node id, e.g. model(0)")
             node = SERVER
         states = self.states
-        if node not in states:
-            raise ValueError(f"no node {node}; nodes are 0..{max(k for k in states)}"
+        num_nodes = int(self.summary.get("num_nodes") or self.config.data.num_clients)
+        if node not in states and not 0 <= node < num_nodes:
+            raise ValueError(f"no node {node}; nodes are 0..{num_nodes - 1}"
                              + (" and -1 (the server)" if SERVER in states else ""))
-        params = alg.server_params(states[node]) if node == SERVER else alg.node_params(states[node])
+        state = states[node] if node in states else self.initial_state(node)
+        params = alg.server_params(state) if node == SERVER else alg.node_params(state)
         if params is None:
             raise ValueError(f"{alg.name}: node {node} holds no model of its own"
                              + (" (clients are stateless: use model() for the server's)" if alg.has_server else ""))

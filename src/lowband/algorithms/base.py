@@ -170,6 +170,11 @@ class Algorithm(ABC):
     #: clients are stateless and the "personal" protocol evaluates the global model on
     #: each client's local test split (PFLlib's convention for FedAvg-like methods).
     personalized: ClassVar[bool] = True
+    #: True where a client keeps nothing between rounds (FedAvg: the server's model comes with
+    #: each round), so a run holds models for a round's participants only; config.bounds'
+    #: memory estimate reads it from each class's own body (not inherited: a subclass that
+    #: keeps a state, MOON's previous model, must not pass for stateless)
+    stateless_clients: ClassVar[bool] = False
     #: True when clients may have different architectures (``[model] mix``): only
     #: predictions cross the network (KTA v2, FedMD). Weight-exchanging methods keep False.
     supports_mixed_models: ClassVar[bool] = False

@@ -25,6 +25,8 @@ from typing import Union
 
 import torch
 
+from lowband.heap import heap_clone
+
 SERVER: int = -1
 """Node id of the server in star topologies. Clients and peers are ``0..n-1``."""
 
@@ -81,7 +83,7 @@ class Message:
         """A deep copy: tensors cloned, dicts copied (declared tensors are immutable)."""
         return Message(
             kind=self.kind,
-            tensors={k: v.clone() for k, v in self.tensors.items()},
+            tensors={k: heap_clone(v) for k, v in self.tensors.items()},  # reusable heap memory (lowband.heap)
             meta=dict(self.meta),
             declared=dict(self.declared),
             stand_in={k: v.clone() for k, v in self.stand_in.items()},

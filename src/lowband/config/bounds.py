@@ -11,9 +11,12 @@ the sizes a run would allocate or loop over:
   hyperparameters above :data:`HUGE_FLOAT` are refused unless the config says
   ``allow_huge = true``: such a value is a typo far more often than a plan, and a typo
   here costs gigabytes or days before it shows;
-- the model's parameters times the copies the run keeps (:func:`memory_estimate`, the
+- the model's parameters times the copies the run holds (:func:`memory_estimate`, the
   model built on PyTorch's ``meta`` device, which allocates nothing) must fit the memory
-  this machine has free, again unless ``allow_huge = true``.
+  this machine has free, again unless ``allow_huge = true``. Node states are made when a
+  node first takes part and kept: a copy per node that takes part during the run (none
+  for an algorithm whose clients keep no model), and one per participant of a round for
+  its messages.
 
 Every refusal is one :class:`~lowband.config.schema.ConfigError` line naming the key,
 the limit and the way out.
@@ -22,6 +25,7 @@ the limit and the way out.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 from typing import Any, Optional, Union, get_args, get_origin
 
@@ -58,10 +62,13 @@ SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     "cifar10": ((3, 32, 32), 10),
 }
 
-#: model copies the run keeps per node (its weights; optimiser state, inboxes and codec
-#: residuals come on top, so the estimate is a floor), and the fixed copies of a run (the
-#: server's model, the worker's model, its gradient, evaluation, received messages)
+#: model copies the run keeps per node that has taken part (its weights; optimiser state and
+#: codec residuals come on top, so the estimate is a floor), per participant of a round (its
+#: message in flight: a peer round holds every node's trained weights and their messages at
+#: once), and the fixed copies of a run (the server's model, the worker's model, its gradient,
+#: evaluation)
 COPIES_PER_NODE = 1
+COPIES_PER_PARTICIPANT = 1
 COPIES_FIXED = 8
 
 
@@ -185,14 +192,45 @@ def model_params(exp: Experiment) -> Optional[int]:
     return best
 
 
+def participants_per_round(exp: Experiment) -> int:
+    """Nodes that take part in a round: a star's sample (``count``, ``fraction``), else all."""
+    from lowband.algorithms import ALGORITHMS
+
+    n, t = exp.data.num_clients, exp.topology
+    family = ALGORITHMS[exp.algorithm.name].family
+    if (t.kind or ("star" if family in ("server", "local") else "")) != "star" or family == "local":
+        return n
+    if t.sampling == "count" and t.count is not None:
+        return min(n, t.count)
+    if t.sampling in ("fraction", "poisson"):
+        return min(n, max(1, math.ceil(t.fraction * n)))
+    return n
+
+
+def model_holders(exp: Experiment) -> int:
+    """Nodes that hold a model of their own by the end of the run: none where the
+    algorithm's clients keep no state (:attr:`~lowband.algorithms.base.Algorithm.stateless_clients`,
+    declared by each class itself), else every node that takes part at least once, at
+    most ``rounds`` x the round's participants (states are made on first use)."""
+    from lowband.algorithms import ALGORITHMS
+
+    cls = ALGORITHMS[exp.algorithm.name]
+    if cls.__dict__.get("stateless_clients", False):
+        return 0
+    n, per = exp.data.num_clients, participants_per_round(exp)
+    return n if per >= n else min(n, per * max(1, exp.rounds))
+
+
 def memory_estimate(exp: Experiment) -> Optional[tuple[int, int]]:
     """(bytes, parameters): a lower estimate of the memory the run's models take, float32
-    parameters times the copies the run keeps (:data:`COPIES_PER_NODE` per node, plus
+    parameters times the copies the run holds at its peak (:data:`COPIES_PER_NODE` per
+    :func:`model_holders`, :data:`COPIES_PER_PARTICIPANT` per participant of a round, plus
     :data:`COPIES_FIXED`); None where the model's size is not known beforehand."""
     n = model_params(exp)
     if n is None:
         return None
-    copies = COPIES_PER_NODE * exp.data.num_clients + COPIES_FIXED
+    copies = (COPIES_PER_NODE * model_holders(exp) + COPIES_PER_PARTICIPANT * participants_per_round(exp)
+              + COPIES_FIXED)
     return 4 * n * copies, n
 
 
@@ -205,8 +243,9 @@ def check_memory(exp: Experiment) -> None:
     if est is None or free is None or est[0] <= free:
         return
     need, n = est
-    raise _huge("model", f"{exp.model.name} has {n:,} parameters; {exp.data.num_clients} nodes keep about "
-                         f"{need / 2**30:.1f} GiB of model copies, more than the {free / 2**30:.1f} GiB free "
+    raise _huge("model", f"{exp.model.name} has {n:,} parameters; {exp.data.num_clients:,} nodes "
+                         f"({participants_per_round(exp):,} a round) hold about {need / 2**30:.1f} GiB of model "
+                         f"copies, more than the {free / 2**30:.1f} GiB free "
                          f"on this machine; use a smaller model or fewer clients")
 
 

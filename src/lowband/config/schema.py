@@ -616,7 +616,10 @@ class Experiment(_Strict):
     ray_address: Optional[str] = None
     ray_workers: Optional[Int] = Field(None, ge=1)
     ray_num_cpus: Optional[Int] = Field(None, ge=1)
-    checkpoint_every: Int = Field(1, ge=0)
+    #: write checkpoint.pt every this many rounds (0: never) and after the last; "auto": after
+    #: round 1, then once the rounds since the last checkpoint took CHECKPOINT_AUTO_FACTOR x
+    #: its cost (lowband.engine.observers.checkpoint), for runs whose checkpoint is costly
+    checkpoint_every: Union[Literal["auto"], Int] = 1
     #: where training and evaluation run: "cpu", "cuda", "cuda:N", "mps" or "auto" (cuda if
     #: available, else mps, else cpu); see lowband.device (wire bytes are the same on every device)
     device: str = "cpu"
@@ -646,6 +649,14 @@ class Experiment(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_run_name(v)
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _checkpoint_every(cls, v: Any) -> Any:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"must be a round count >= 0 (0: never) or \"auto\" (a schedule that keeps "
+                             f"checkpoints under 5% of the run's time), got {v!r}")
+        return v
 
     @field_validator("device")
     @classmethod

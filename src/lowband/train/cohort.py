@@ -70,6 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowband.heap import heap_clone
 from lowband.train.cohort_cnn import is_cohort_cnn, train_cnn
 from lowband.train.params import Params
 from lowband.train.sgd import LossFn, TrainStats, batches, cross_entropy, sgd_train
@@ -385,7 +386,8 @@ def _train_cohort(model: nn.Module, jobs: Sequence[SGDJob],
 
     def read_ends(t: int) -> None:
         for c in ends.get(t, ()):  # nodes whose schedule ends here: read them now
-            final[c] = [p[c].detach().clone(memory_format=torch.contiguous_format) for p in ps]
+            # each node's weights in reusable heap memory (lowband.heap): they become its state
+            final[c] = [heap_clone(p[c].detach().contiguous()) for p in ps]
 
     if layers is not None:  # the hand-written forward and backward of a Linear-ReLU stack
         values = _train_mlp(layers, params, names, xcat, ycat, index, mask, denom, j0, update, read_ends)

@@ -9,12 +9,15 @@ from typing import Optional
 import torch
 from torch import nn
 
+from lowband.heap import heap_clone, heap_zeros_like
+
 Params = dict[str, torch.Tensor]
 
 
 def get_params(model: nn.Module) -> Params:
-    """Detached copies of the module's state (parameters and buffers)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """Detached copies of the module's state (parameters and buffers), in reusable heap
+    memory (:mod:`lowband.heap`: a node's state outlives its step)."""
+    return {k: heap_clone(v) for k, v in model.state_dict().items()}
 
 
 def load_params(model: nn.Module, params: Params) -> nn.Module:
@@ -24,7 +27,8 @@ def load_params(model: nn.Module, params: Params) -> nn.Module:
 
 
 def clone_params(params: Params) -> Params:
-    return {k: v.detach().clone() for k, v in params.items()}
+    """Detached copies (in reusable heap memory, :mod:`lowband.heap`)."""
+    return {k: heap_clone(v) for k, v in params.items()}
 
 
 def is_float(t: torch.Tensor) -> bool:
@@ -43,7 +47,7 @@ def weighted_average(items: list[Params], weights: Optional[list[float]] = None)
     out: Params = {}
     for k, v0 in items[0].items():
         if is_float(v0):
-            acc = torch.zeros_like(v0, dtype=torch.float32)
+            acc = heap_zeros_like(v0, torch.float32)  # the new state's memory (lowband.heap)
             for wi, p in zip(w, items):
                 acc.add_(p[k].to(torch.float32), alpha=wi)
             out[k] = acc.to(v0.dtype)

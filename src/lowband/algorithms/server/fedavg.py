@@ -82,6 +82,7 @@ class FedAvg(Algorithm):
     """Federated averaging with sample-count weights."""
 
     name = "fedavg"
+    stateless_clients = True  # a client keeps no model between rounds (config.bounds)
     family = "server"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
     Hyperparams = FedAvgHP
@@ -177,6 +178,7 @@ class FedProx(FedAvg):
     """FedAvg with the proximal term (mu/2)||w - w_global||^2 in the client objective."""
 
     name = "fedprox"
+    stateless_clients = True  # a client keeps no model between rounds (config.bounds)
     paper = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
     Hyperparams = FedProxHP
 

@@ -45,6 +45,7 @@ class FedNova(FedAvg):
     """FedAvg with updates normalised by each client's number of local steps."""
 
     name = "fednova"
+    stateless_clients = True  # a client keeps no model between rounds (config.bounds)
     paper = "Wang et al., Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization, NeurIPS 2020"
     Hyperparams = FedNovaHP
     personalized = False

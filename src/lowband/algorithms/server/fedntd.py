@@ -46,6 +46,7 @@ class FedNTD(FedAvg):
     """FedAvg with not-true distillation from the global model."""
 
     name = "fedntd"
+    stateless_clients = True  # a client keeps no model between rounds (config.bounds)
     paper = "Lee et al., Preservation of the Global Knowledge by Not-True Distillation in Federated Learning, NeurIPS 2022"
     Hyperparams = FedNTDHP
     personalized = False

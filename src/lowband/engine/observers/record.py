@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from lowband.engine.observers.base import Observer, Round, Run
+from lowband.engine.observers.checkpoint import Checkpoint
 
 __all__ = ["RecordWriter", "PARTIAL_EVERY_S"]
 
@@ -36,8 +37,9 @@ class RecordWriter(Observer):
         write_record(run.log.dir, ledger=ledger_rounds(run.sim.ledger), **summary)  # type: ignore[union-attr]
 
     def on_round_end(self, run: Run, rnd: Round) -> None:
-        every = run.exp.checkpoint_every
-        if run.log is None or not every or rnd.number % every or rnd.number >= run.exp.rounds:
+        ck = next((o for o in run.observers if isinstance(o, Checkpoint)), None)  # before this one
+        if run.log is None or ck is None or not ck.rounds or ck.rounds[-1] != rnd.number \
+                or rnd.number >= run.exp.rounds:
             return
         if time.monotonic() - self._last >= PARTIAL_EVERY_S:
             self._write(run, summary={})
