@@ -83,7 +83,7 @@ from lowband.comm.validate import FRESH_KEY, Rejection, ValidationPolicy, Valida
 from lowband.engine.observers import Faults, Observer, Run
 from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
-from lowband.flower.datafile import ClientFile, check_claim, read_client_file, read_index
+from lowband.flower.datafile import ClientFile, check_claim, read_client_file, read_index, run_protocols
 from lowband.flower.guard import (
     MAX_MESSAGES, UPLOAD_KINDS, MissingMeta, Rejected, ReplyBudget, StrictMeta, budget_for, check_eval, check_tensors,
     check_upload, checked_round, decode_reply,
@@ -171,8 +171,9 @@ def _setup(exp: Experiment, data: Optional["ClientFile"] = None) -> Simulation:
             from lowband.flower.datafile import client_federation
 
             fed = client_federation(data)
-            if data.head.get("protocols"):  # the run's protocols as the export resolved them on the whole data
-                exp = exp.model_copy(update={"eval": exp.eval.model_copy(update={"protocols": data.head["protocols"]})})
+            # the protocols a run resolves on the whole federation (the other clients' test splits are not here)
+            protocols = run_protocols(exp, bool(data.head.get("has_local_test")))
+            exp = exp.model_copy(update={"eval": exp.eval.model_copy(update={"protocols": protocols})})
         sim = Simulation(_in_process(exp), write=False, federation=fed)
         _check_exportable(sim)
         _SETUPS.clear()
@@ -428,6 +429,9 @@ class _Client:
             acc, loss, n = _eval_personal(ctx, state, sim.alg, not sim.alg.personalized, server_params, bs)
             out.update({"personal/acc": float(acc), "personal/loss": float(loss), "personal/n": int(n)})
         if "node_global" in protocols:
+            if self.data is not None and not sim.fed.global_test_y.numel():
+                raise ValueError(f"client {node}: its data-file holds no global test set (node_global); export the "
+                                 f"clients' files from a config whose eval.protocols lists node_global")
             test = (sim.fed.global_test_x, sim.fed.global_test_y)
             acc, loss = _eval_node_global(ctx, state, sim.alg, test, bs)
             out.update({"node_global/acc": float(acc), "node_global/loss": float(loss)})
@@ -668,11 +672,11 @@ class FlowerBackend:
                 pid, sha = None, None
             if type(pid) is not int or not 0 <= pid < n:
                 self._refuse_node(nid, f"claims client {str(pid)[:40]}; expected an integer in 0..{n - 1}")
+            elif self.index is not None and (problem := check_claim(self.index, pid, sha)) is not None:
+                self._refuse_node(nid, problem)
             elif pid in self.node_ids:
                 self._refuse_node(nid, f"claims client {pid}, already held by SuperNode {self.node_ids[pid]}; "
                                        f"give each SuperNode its own data-file (or partition-id)")
-            elif self.index is not None and (problem := check_claim(self.index, pid, sha)) is not None:
-                self._refuse_node(nid, problem)
             else:
                 self.node_ids[pid] = nid
                 self.keeps_state[pid] = claim.get("keeps-state") is True

@@ -31,7 +31,7 @@ import numpy as np
 
 from lowband.config.schema import ConfigError, Experiment
 
-__all__ = ["DataFileError", "ClientFile", "federation_key", "export_clients", "read_client_file", "read_index",
+__all__ = ["DataFileError", "ClientFile", "federation_key", "export_clients", "export_for_run", "run_protocols", "read_client_file", "read_index",
            "check_claim", "client_federation", "INDEX", "FORMAT"]
 
 INDEX = "index.json"
@@ -90,17 +90,39 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def export_clients(exp: Experiment, out: Path, protocols: Optional[list[str]] = None) -> Path:
+def run_protocols(exp: Experiment, has_local_test: bool) -> list[str]:
+    """The protocols a run of ``exp`` evaluates (:func:`lowband.engine.checks.resolve_protocols`)
+    on a federation with (or without) local test splits."""
+    from types import SimpleNamespace
+
+    from lowband.algorithms import ALGORITHMS
+    from lowband.config.resolve import hyperparams
+    from lowband.engine.checks import resolve_protocols
+
+    fed = SimpleNamespace(nodes=[SimpleNamespace(n_test=int(has_local_test))])
+    return resolve_protocols(ALGORITHMS[exp.algorithm.name](hyperparams(exp)), fed, exp.eval.protocols)
+
+
+def export_clients(exp: Experiment, out: Path) -> Path:
     """Write one npz per client of ``exp``'s federation and ``index.json`` into ``out``;
-    returns the index path. ``protocols``: the run's evaluation protocols (the global
-    test set goes into each file only when ``node_global`` is among them)."""
+    returns the index path. The global test set goes into each file only when a run of
+    ``exp`` evaluates ``node_global`` (each client's model on it)."""
     from lowband.data.build import make_federation
 
     fed = make_federation(exp)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return _export(exp, fed, out)
+    except OSError as e:
+        raise DataFileError(f"--export {out}: cannot write the client files there ({e.strerror or e}); "
+                            f"name a folder you can write to") from None
+
+
+def _export(exp: Experiment, fed: Any, out: Path) -> Path:
     key = federation_key(exp)
-    with_global = protocols is None or "node_global" in protocols
+    has_local_test = any(int(nd.n_test) > 0 for nd in fed.nodes)
+    with_global = "node_global" in run_protocols(exp, has_local_test)
     files = []
     for i, nd in enumerate(fed.nodes):
         arrays = {"train_x": _np(nd.train_x), "train_y": _np(nd.train_y), "val_x": _np(nd.val_x),
@@ -110,7 +132,7 @@ def export_clients(exp: Experiment, out: Path, protocols: Optional[list[str]] = 
             arrays.update(global_test_x=_np(fed.global_test_x), global_test_y=_np(fed.global_test_y))
         head = {"format": FORMAT, "client": i, "num_clients": len(fed.nodes), "key": key, "name": fed.name,
                 "num_classes": int(fed.num_classes), "input_shape": list(fed.input_shape),
-                "meta": _json_meta(fed.meta), "protocols": list(protocols or []), "digest": _digest(arrays)}
+                "meta": _json_meta(fed.meta), "has_local_test": has_local_test, "digest": _digest(arrays)}
         buf = io.BytesIO()
         np.savez(buf, head=np.array(json.dumps(head, sort_keys=True)), **arrays)
         name = f"client-{i:04d}.npz"
@@ -118,9 +140,21 @@ def export_clients(exp: Experiment, out: Path, protocols: Optional[list[str]] = 
         _write_atomic(out / name, data)
         files.append({"client": i, "file": name, "sha256": hashlib.sha256(data).hexdigest(),
                       "n_train": int(nd.n_train), "n_val": int(nd.n_val), "n_test": int(nd.n_test)})
-    index = {"format": FORMAT, "key": key, "name": exp.name, "num_clients": len(fed.nodes), "files": files}
+    index = {"format": FORMAT, "key": key, "name": exp.name, "num_clients": len(fed.nodes),
+             "global_test": with_global, "files": files}
     _write_atomic(out / INDEX, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
     return out / INDEX
+
+
+def export_for_run(exp: Experiment, out: Path) -> str:
+    """:func:`export_clients`, and the line the command prints."""
+    index = export_clients(exp, out)
+    info = json.loads(index.read_text())
+    size = sum((index.parent / f["file"]).stat().st_size for f in info["files"])
+    return (f"wrote {info['num_clients']} client files ({size / 1e6:.1f} MB"
+            f"{', each with the global test set' if info['global_test'] else ''}) and {index}; start SuperNode i "
+            f"with --node-config \"data-file='{index.parent}/client-000i.npz'\", the ServerApp with run config "
+            f"data-index=\"{index}\"")
 
 
 @dataclass
