@@ -24,8 +24,10 @@ own test split) and ``node_global`` (each client's model on the global test set)
 own diagnostics (``Algorithm.node_metrics``). ``[faults]`` apply (dropped clients are not
 asked, late ones' replies are counted and not delivered); ``[links]`` and codecs with
 sender state are refused. Output: the lowband run folder of ``lowband run`` (config.toml,
-metrics.jsonl, ledger.csv, summary.json, timing.jsonl; no checkpoint: the clients' states
-live on the SuperNodes) at ``out-dir``.
+metrics.jsonl, ledger.csv, summary.json, timing.jsonl, the checkpoint with the server's
+state and the manifest) at ``out-dir``; each client's state is saved on its SuperNode
+(node config ``state-dir``, one file per round under the run's token), so run config
+``resume = true`` continues a killed run exactly.
 
 Neither side trusts the other (design rule 8; the checks are in
 :mod:`lowband.flower.guard`). The ServerApp decodes each reply within a budget derived
@@ -41,10 +43,14 @@ and decodes the server's messages within the same budget.
 
 Run config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``):
 ``config`` (a lowband TOML, relative to the app folder), ``overrides`` (lowband
-``key=value`` overrides separated by spaces, e.g. ``"algorithm.name=fedprox rounds=5"``)
-and ``out-dir``. A SuperNode learns which client it is from its node config
-``partition-id`` (set by the simulation runtime, or ``flower-supernode --node-config
-"partition-id=3 num-partitions=10"`` on a real machine).
+``key=value`` overrides separated by spaces, e.g. ``"algorithm.name=fedprox rounds=5"``),
+``out-dir``, ``data-index`` (the export's index.json: claims are checked against it),
+``resume`` and ``reply-timeout`` (seconds). A SuperNode learns which client it is from its
+node config: ``data-file`` (its own client's file, :mod:`lowband.flower.datafile`; the
+dataset is not loaded there) or ``partition-id`` (set by the simulation runtime; the
+client's split is then rebuilt from the shared dataset). The ServerApp asks each SuperNode
+which client it holds and refuses a second claim of a client, or a file the index does
+not list, in one line (:meth:`FlowerBackend.connect`).
 """
 
 from __future__ import annotations

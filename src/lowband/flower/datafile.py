@@ -31,8 +31,8 @@ import numpy as np
 
 from lowband.config.schema import ConfigError, Experiment
 
-__all__ = ["DataFileError", "ClientFile", "federation_key", "export_clients", "export_for_run", "run_protocols", "read_client_file", "read_index",
-           "check_claim", "client_federation", "INDEX", "FORMAT"]
+__all__ = ["DataFileError", "ClientFile", "federation_key", "export_clients", "export_for_run", "run_protocols",
+           "read_client_file", "read_index", "check_claim", "client_federation", "INDEX", "FORMAT"]
 
 INDEX = "index.json"
 FORMAT = "lowband-client-data/1"
