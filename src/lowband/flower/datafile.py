@@ -152,9 +152,9 @@ def export_for_run(exp: Experiment, out: Path) -> str:
     info = json.loads(index.read_text())
     size = sum((index.parent / f["file"]).stat().st_size for f in info["files"])
     return (f"wrote {info['num_clients']} client files ({size / 1e6:.1f} MB"
-            f"{', each with the global test set' if info['global_test'] else ''}) and {index}; start SuperNode i "
-            f"with --node-config \"data-file='{index.parent}/client-000i.npz'\", the ServerApp with run config "
-            f"data-index=\"{index}\"")
+            f"{', each with the global test set' if info['global_test'] else ''}) and {index}; start the SuperNode "
+            f"of client i with --node-config \"data-file='{index.parent}/client-<i, 4 digits>.npz'\", the "
+            f"ServerApp with run config data-index='{index}'")
 
 
 @dataclass
