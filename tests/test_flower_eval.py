@@ -83,7 +83,7 @@ def test_every_client_is_asked_only_when_the_protocol_scores_every_client(tmp_pa
     server's model once per evaluation in this process."""
     loads = []
     real = adapter._Client.load_state
-    monkeypatch.setattr(adapter._Client, "load_state", lambda self: loads.append(self.node) or real(self))
+    monkeypatch.setattr(adapter._Client, "load_state", lambda self, **kw: loads.append(self.node) or real(self, **kw))
     decoded = adapter._EVAL_PARAMS.decoded
     grid, _ = _both(tmp_path, protocols=["global", "personal"])
     assert grid.evaluated == [list(range(10))] * (ROUNDS + 1)

@@ -179,6 +179,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.data_dir:
         overrides.append(f"data.data_dir={_toml_str(args.data_dir)}")
     exp = load_experiment(args.config, overrides, needs_algorithm=False)  # the data keys only
+    if args.export:  # one data file per client, for SuperNodes (lowband.flower.datafile)
+        from lowband.flower.datafile import export_for_run
+
+        print(export_for_run(exp, Path(args.export)))
+        return 0
     fed = make_federation(exp)
     counts = fed.class_counts()
     c = counts.shape[1]
@@ -355,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--data-dir")
     pa.add_argument("--out", help="PNG path (default partition_<name>.png)")
     pa.add_argument("--all", action="store_true", help="print every client")
+    pa.add_argument("--export", metavar="DIR", help="write one npz per client and index.json into DIR (each "
+                    "Flower SuperNode reads its own: node config data-file)")
     pa.set_defaults(fn=cmd_partition)
 
     dl = sub.add_parser("download", help="download a dataset with checksum verification")

@@ -26,8 +26,10 @@ alone: :mod:`lowband.flower.evaluation`); measurement traffic is not counted, as
 own diagnostics (``Algorithm.node_metrics``). ``[faults]`` apply (dropped clients are not
 asked, late ones' replies are counted and not delivered); ``[links]`` and codecs with
 sender state are refused. Output: the lowband run folder of ``lowband run`` (config.toml,
-metrics.jsonl, ledger.csv, summary.json, timing.jsonl; no checkpoint: the clients' states
-live on the SuperNodes) at ``out-dir``.
+metrics.jsonl, ledger.csv, summary.json, timing.jsonl, the checkpoint with the server's
+state and the manifest) at ``out-dir``; each client's state is saved on its SuperNode
+(node config ``state-dir``, one file per round under the run's token), so run config
+``resume = true`` continues a killed run exactly.
 
 Neither side trusts the other (design rule 8; the checks are in
 :mod:`lowband.flower.guard`). The ServerApp decodes each reply within a budget derived
@@ -43,19 +45,26 @@ and decodes the server's messages within the same budget.
 
 Run config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``):
 ``config`` (a lowband TOML, relative to the app folder), ``overrides`` (lowband
-``key=value`` overrides separated by spaces, e.g. ``"algorithm.name=fedprox rounds=5"``)
-and ``out-dir``. A SuperNode learns which client it is from its node config
-``partition-id`` (set by the simulation runtime, or ``flower-supernode --node-config
-"partition-id=3 num-partitions=10"`` on a real machine).
+``key=value`` overrides separated by spaces, e.g. ``"algorithm.name=fedprox rounds=5"``),
+``out-dir``, ``data-index`` (the export's index.json: claims are checked against it),
+``resume`` and ``reply-timeout`` (seconds). A SuperNode learns which client it is from its
+node config: ``data-file`` (its own client's file, :mod:`lowband.flower.datafile`; the
+dataset is not loaded there) or ``partition-id`` (set by the simulation runtime; the
+client's split is then rebuilt from the shared dataset). The ServerApp asks each SuperNode
+which client it holds and refuses a second claim of a client, or a file the index does
+not list, in one line (:meth:`FlowerBackend.connect`).
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import os
+import re
+import secrets
 import shlex
 import time
-from logging import INFO
+from logging import INFO, WARNING
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -77,9 +86,10 @@ from lowband.config.loading import apply_overrides, load_toml
 from lowband.config.resolve import validate
 from lowband.engine.evaluation import _eval_node_global, _eval_personal, _eval_server
 from lowband.comm.validate import FRESH_KEY, Rejection, ValidationPolicy, Validator, freshness_problem
-from lowband.engine.observers import Faults
+from lowband.engine.observers import Faults, Observer, Run
 from lowband.engine.rounds import Record, Summary, send
 from lowband.engine.simulator import Simulation, encode_outbox
+from lowband.flower.datafile import ClientFile, check_claim, read_client_file, read_index, run_protocols
 from lowband.flower.evaluation import CLIENT_PROTOCOLS, ParamsCache, asked, needs_state, summaries
 from lowband.flower.guard import (
     MAX_MESSAGES, UPLOAD_KINDS, MissingMeta, Rejected, ReplyBudget, StrictMeta, budget_for, check_eval, check_tensors,
@@ -91,6 +101,8 @@ __all__ = ["client_app", "server_app", "experiment_from_run_config", "FlowerRun"
 
 RECORD = "lowband"  # name of the ConfigRecord that carries lowband's payload
 STATE = "lowband-state"  # name of the ConfigRecord in context.state that holds the node's state
+RUN_TOKEN = "lowband-run"  # the ConfigRecord in context.state naming the lowband run (its saved states)
+_TOKEN = re.compile(r"[0-9a-f]{16}")  # a run token: 16 hex digits (a folder name on the SuperNode)
 EVAL_PROTOCOLS = ("global", "personal", "personal_joined", "node_global")
 
 
@@ -154,24 +166,35 @@ def _check_exportable(sim: Simulation) -> None:
 _SETUPS: dict[str, Simulation] = {}
 
 
-def _setup(exp: Experiment) -> Simulation:
+def _setup(exp: Experiment, data: Optional["ClientFile"] = None) -> Simulation:
     """The experiment's algorithm, federation and topology in this process (cached: a
-    simulation runtime calls many virtual clients in one process). The Experiment object a
-    ClientApp was given is recognised without re-serialising it on every message (a
-    validated Experiment is not changed in place: a changed one is a ``model_copy``)."""
-    if _LAST_SETUP and _LAST_SETUP[0] is exp:
-        return _LAST_SETUP[1]
-    key = exp.to_toml()
+    simulation runtime calls many virtual clients in one process). ``data``: the
+    client's own file (:mod:`lowband.flower.datafile`): the federation holds that client's
+    data only, and the dataset is neither loaded nor split here. The Experiment object
+    (and data file) a ClientApp was given is recognised without re-serialising it on every
+    message (a validated Experiment is not changed in place: a changed one is a ``model_copy``)."""
+    if _LAST_SETUP and _LAST_SETUP[0] is exp and _LAST_SETUP[1] is data:
+        return _LAST_SETUP[2]
+    given = exp
+    key = exp.to_toml() + (f"\n#data {data.sha256}" if data is not None else "")
     if key not in _SETUPS:
-        sim = Simulation(_in_process(exp), write=False)
+        fed = None
+        if data is not None:
+            from lowband.flower.datafile import client_federation
+
+            fed = client_federation(data)
+            # the protocols a run resolves on the whole federation (the other clients' test splits are not here)
+            protocols = run_protocols(exp, bool(data.head.get("has_local_test")))
+            exp = exp.model_copy(update={"eval": exp.eval.model_copy(update={"protocols": protocols})})
+        sim = Simulation(_in_process(exp), write=False, federation=fed)
         _check_exportable(sim)
         _SETUPS.clear()
         _SETUPS[key] = sim
-    _LAST_SETUP[:] = [exp, _SETUPS[key]]
+    _LAST_SETUP[:] = [given, data, _SETUPS[key]]
     return _SETUPS[key]
 
 
-_LAST_SETUP: list[Any] = []  # [the Experiment object last set up, its Simulation]
+_LAST_SETUP: list[Any] = []  # [the Experiment object last set up, its data file, its Simulation]
 
 
 def _client_step(sim: Simulation, node: int, r: int, name: Any, method: Any) -> Step:
@@ -216,6 +239,17 @@ def _method_name(sim: Simulation, step: Step) -> str:
     return name
 
 
+def _state_name(r: int) -> str:
+    return f"r{int(r):06d}.pt"
+
+
+def _saved_rounds(d: Path) -> list[int]:
+    """The rounds whose state a client saved in ``d``, in order."""
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name[1:7]) for p in d.iterdir() if re.fullmatch(r"r\d{6}\.pt", p.name))
+
+
 def _state_bytes(state: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -238,18 +272,40 @@ def _wire_params(params: Optional[dict[str, torch.Tensor]]) -> Optional[bytes]:
 
 # --------------------------------------------------------------------------- client
 
+_FILES: dict[str, ClientFile] = {}
+
+
+def _client_file(path: str, exp: Experiment) -> ClientFile:
+    """The SuperNode's data file, read and checked once per process."""
+    key = f"{path}\n{exp.to_toml()}"
+    if key not in _FILES:
+        _FILES.clear()
+        _FILES[key] = read_client_file(path, exp)
+    return _FILES[key]
+
+
 
 class _Client:
     """One SuperNode's lowband client: its partition, its state, the algorithm's steps."""
 
     def __init__(self, exp: Experiment, context: Context):
-        self.sim = _setup(exp)
-        self.exp = exp
         cfg = context.node_config
-        if "partition-id" not in cfg:
-            raise ValueError("this SuperNode has no 'partition-id' in its node config; start it with "
-                             "--node-config \"partition-id=<i> num-partitions=<n>\"")
-        self.node = int(cfg["partition-id"])
+        self.data: Optional[ClientFile] = None
+        if cfg.get("data-file"):  # the client's own data file (lowband partition --export)
+            self.data = _client_file(str(cfg["data-file"]), exp)
+            if "partition-id" in cfg and int(cfg["partition-id"]) != self.data.client:
+                raise ValueError(f"partition-id = {cfg['partition-id']} but data-file {cfg['data-file']} holds "
+                                 f"client {self.data.client}; leave partition-id out (the file says which client)")
+        self.sim = _setup(exp, self.data)
+        self.exp = exp
+        if self.data is not None:
+            self.node = self.data.client
+        elif "partition-id" not in cfg:
+            raise ValueError("this SuperNode has no 'data-file' nor 'partition-id' in its node config; start it with "
+                             "--node-config \"data-file='<dir>/client-0003.npz'\" (lowband partition CONFIG --export "
+                             "DIR) or --node-config \"partition-id=<i> num-partitions=<n>\"")
+        else:
+            self.node = int(cfg["partition-id"])
         n = self.sim.num_nodes
         if not 0 <= self.node < n:
             raise ValueError(f"partition-id {self.node} is outside the experiment's clients 0..{n - 1} "
@@ -260,17 +316,53 @@ class _Client:
         self.context = context
         self.budget = budget_for(self.sim)
 
-    # state in context.state (persists across messages of a run on this SuperNode)
-    def load_state(self) -> dict[str, Any]:
+    # state in context.state (persists across messages of a Flower run on this SuperNode) and,
+    # with the node config's state-dir, in one file per round there (what a resumed run reads)
+    def _state_dir(self) -> Optional[Path]:
+        """This client's folder of saved states for the lowband run the ServerApp named
+        (its run token, sent with the ``query``), or None without a ``state-dir``."""
+        root = self.context.node_config.get("state-dir")
+        rec = self.context.state.get(RUN_TOKEN) if RUN_TOKEN in self.context.state else None
+        token = rec.get("token") if rec is not None else None
+        if not root or not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            return None
+        return Path(str(root)).expanduser() / token / f"client-{self.node:04d}"
+
+    def load_state(self, before: int) -> dict[str, Any]:
+        """The client's state: this Flower run's, else the last one saved in a round before
+        ``before`` (a resumed run), else its initial state."""
         rec = self.context.state.get(STATE) if STATE in self.context.state else None
         if rec is not None and "state" in rec:
             return _state_from(rec["state"])
+        d = self._state_dir()
+        saved = _saved_rounds(d) if d is not None else []
+        older = [r for r in saved if r < before]
+        if older:
+            return _state_from((d / _state_name(max(older))).read_bytes())
         sim, node = self.sim, self.node
         torch.manual_seed(derive_seed(self.exp.seed, "torch", "init", node))
         return sim.alg.init_node(sim.executor.context(node, 0, sim.topology.plan(0)))
 
-    def save_state(self, state: dict[str, Any]) -> None:
-        self.context.state[STATE] = ConfigRecord({"state": _state_bytes(state)})
+    def save_state(self, state: dict[str, Any], r: int) -> None:
+        """Keep the state (context.state); with a state-dir, also as round ``r``'s file,
+        keeping what a resume from the ServerApp's last checkpoint may need (the newest
+        state at least ``checkpoint_every`` rounds old, and every later one)."""
+        data = _state_bytes(state)
+        self.context.state[STATE] = ConfigRecord({"state": data})
+        d = self._state_dir()
+        if d is None:
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / (_state_name(r) + ".part")
+        tmp.write_bytes(data)
+        os.replace(tmp, d / _state_name(r))
+        every = max(1, int(self.exp.checkpoint_every or 1))
+        old = [q for q in _saved_rounds(d) if q <= r - every]
+        for q in old[:-1]:
+            (d / _state_name(q)).unlink(missing_ok=True)
+
+    def keeps_state(self) -> bool:
+        return self._state_dir() is not None
 
     def _decode(self, data: Any, codec_for: Optional[Callable[[str], str]] = None) -> LBMessage:
         """A message from the server, decoded within the run's budget (or refused);
@@ -314,9 +406,9 @@ class _Client:
         k = _step_index(sim, r, step.name)
         inbox = [Envelope(e.src, self._fresh(e.msg, r, k)) for e in self._inbox(cfg)]
         ex = sim.executor
-        ex.states = {node: self.load_state()}
+        ex.states = {node: self.load_state(before=r)}
         out = ex.run_step(Step(step.name, [node], step.fn), r, plan, {node: inbox})[node]
-        self.save_state(ex.states[node])
+        self.save_state(ex.states[node], r)
         net = Network(sim.network.codecs, Ledger(), self.exp.seed,
                       validator=Validator(ValidationPolicy(freshness=True)) if self.exp.comm.freshness else None)
         net.step_tag = (r, k)  # the stamp (comm.freshness): this round, this step
@@ -342,7 +434,7 @@ class _Client:
                              f"got {str(protocols)[:60]}")
         ctx = sim.executor.context(node, r, sim.topology.plan(max(r - 1, 0)))
         # only what the numbers read: a non-personalised `personal` scores the server's model
-        state = self.load_state() if needs_state(protocols, sim.alg.personalized) else {}
+        state = self.load_state(before=r + 1) if needs_state(protocols, sim.alg.personalized) else {}
         out: dict[str, Any] = {}
         if "personal" in protocols:
             server_params = None
@@ -351,6 +443,9 @@ class _Client:
             acc, loss, n = _eval_personal(ctx, state, sim.alg, not sim.alg.personalized, server_params, bs)
             out.update({"personal/acc": float(acc), "personal/loss": float(loss), "personal/n": int(n)})
         if "node_global" in protocols:
+            if self.data is not None and not sim.fed.global_test_y.numel():
+                raise ValueError(f"client {node}: its data-file holds no global test set (node_global); export the "
+                                 f"clients' files from a config whose eval.protocols lists node_global")
             test = (sim.fed.global_test_x, sim.fed.global_test_y)
             acc, loss = _eval_node_global(ctx, state, sim.alg, test, bs)
             out.update({"node_global/acc": float(acc), "node_global/loss": float(loss)})
@@ -389,8 +484,14 @@ def client_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path]
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
+        token = msg.content[RECORD].get("run") if RECORD in msg.content else None
+        if isinstance(token, str) and _TOKEN.fullmatch(token):  # the lowband run (fresh, or resumed) asking
+            context.state[RUN_TOKEN] = ConfigRecord({"token": token})
         client = _Client(exp_of(context), context)
-        return Message(RecordDict({RECORD: ConfigRecord({"partition-id": client.node})}), reply_to=msg)
+        claim: dict[str, Any] = {"partition-id": client.node, "keeps-state": client.keeps_state()}
+        if client.data is not None:  # checked against the export's index at the ServerApp
+            claim["sha256"] = client.data.sha256
+        return Message(RecordDict({RECORD: ConfigRecord(claim)}), reply_to=msg)
 
     return app
 
@@ -429,14 +530,20 @@ class FlowerBackend:
     The bytes of a dropped message are still counted in the ledger (they crossed the
     link), under the kind ``"rejected"``."""
 
-    checkpoints = False  # the clients' states live on the SuperNodes: no resumable checkpoint here
+    #: the server's state, the ledger and the observers' states are checkpointed here; each
+    #: client's states are saved on its SuperNode (node config state-dir), under the run's token
+    checkpoints = True
 
-    def __init__(self, sim: Simulation, grid: Grid, timeout: float = 3600.0):
+    def __init__(self, sim: Simulation, grid: Grid, timeout: float = 3600.0, data_index: Optional[str] = None):
         self.sim, self.grid, self.timeout = sim, grid, timeout
         self.places = self  # what the round loop plays a step on
         self._k = 0  # the step being played (its number in the round)
         self.net = sim.network  # the ServerApp's ledger is the run's ledger
         self.node_ids: dict[int, int] = {}
+        #: the export's index of client files (data-index): claims are checked against it
+        self.index: Optional[dict[str, Any]] = read_index(data_index, sim.exp) if data_index else None
+        self.refused: list[tuple[int, str]] = []  # (SuperNode id, why) of every refused claim
+        self.keeps_state: dict[int, bool] = {}  # client -> its SuperNode saves its states (state-dir)
         self.budget: ReplyBudget = budget_for(sim)
         self.kinds: frozenset[str] = UPLOAD_KINDS | frozenset(getattr(sim.alg, "upload_kinds", ()))
         # the server builds the same partition as the clients: it knows every client's split sizes
@@ -545,36 +652,63 @@ class FlowerBackend:
             raise RuntimeError(f"round {r}: every client that replied to {kind!r} failed; client {c}: {errors[c]}")
         return out
 
-    def connect(self) -> None:
-        """Wait for the SuperNodes and learn which client (partition) each one holds."""
+    def connect(self, token: str = "") -> None:
+        """Wait for the SuperNodes and learn which client each one holds: each is asked once
+        (a ``query``); the first valid claim of a client wins, and a second claim of it, a
+        claim the export's index does not vouch for (``data_index``: the client id and its
+        file's sha256) or a node that cannot answer is refused, said in one line, and never
+        sent anything. Raises (one line) when a client is still unclaimed at the deadline."""
         n = self.sim.num_nodes
         deadline = time.time() + self.timeout
+        asked: set[int] = set()
         while True:
-            ids = list(self.grid.get_node_ids())
-            if len(ids) >= n:
-                break
+            new = [int(i) for i in self.grid.get_node_ids() if int(i) not in asked]
+            if new:
+                asked.update(new)
+                self._claims(new, token)
+            if len(self.node_ids) >= n:
+                return
             if time.time() > deadline:
-                raise RuntimeError(f"{len(ids)} SuperNodes connected, the experiment has {n} clients")
-            time.sleep(1.0)
-        msgs = [Message(RecordDict({RECORD: ConfigRecord({"ask": "partition-id"})}), dst_node_id=nid,
+                missing = sorted(set(range(n)) - set(self.node_ids))
+                why = "; ".join(f"SuperNode {nid} {reason}" for nid, reason in self.refused[:3])
+                raise RuntimeError(f"no SuperNode holds clients {missing[:10]} after {self.timeout:g} s; start one "
+                                   f"per client 0..{n - 1}" + (f" (refused: {why})" if why else ""))
+            time.sleep(0.5)
+
+    def _claims(self, ids: list[int], token: str = "") -> None:
+        """Ask SuperNodes ``ids`` which client they hold (telling them the run's token:
+        where their saved states go); keep the valid claims."""
+        n = self.sim.num_nodes
+        ask = {"ask": "partition-id", **({"run": token} if token else {})}
+        msgs = [Message(RecordDict({RECORD: ConfigRecord(ask)}), dst_node_id=nid,
                         message_type="query") for nid in ids]
         for rep in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            nid = rep.metadata.src_node_id
+            nid = int(rep.metadata.src_node_id)
+            if nid not in ids or nid in self.node_ids.values():
+                continue  # not a node asked here (or its second answer)
             if rep.has_error():
-                raise RuntimeError(f"SuperNode {nid}: {rep.error.reason}")
+                self._refuse_node(nid, f"cannot say which client it holds: {str(rep.error.reason)[:200]}")
+                continue
             try:
-                pid = rep.content[RECORD]["partition-id"]
+                claim = rep.content[RECORD]
+                pid, sha = claim["partition-id"], claim.get("sha256")
             except (KeyError, ValueError, TypeError):
-                pid = None
+                pid, sha = None, None
             if type(pid) is not int or not 0 <= pid < n:
-                raise RuntimeError(f"SuperNode {nid} answered partition-id {str(pid)[:40]}; expected an integer "
-                                   f"in 0..{n - 1}")
-            if pid in self.node_ids:
-                raise RuntimeError(f"two SuperNodes hold partition {pid}; give each a distinct partition-id")
-            self.node_ids[pid] = nid
-        missing = sorted(set(range(n)) - set(self.node_ids))
-        if missing:
-            raise RuntimeError(f"no SuperNode holds clients {missing[:10]}; start one per partition-id 0..{n - 1}")
+                self._refuse_node(nid, f"claims client {str(pid)[:40]}; expected an integer in 0..{n - 1}")
+            elif self.index is not None and (problem := check_claim(self.index, pid, sha)) is not None:
+                self._refuse_node(nid, problem)
+            elif pid in self.node_ids:
+                self._refuse_node(nid, f"claims client {pid}, already held by SuperNode {self.node_ids[pid]}; "
+                                       f"give each SuperNode its own data-file (or partition-id)")
+            else:
+                self.node_ids[pid] = nid
+                self.keeps_state[pid] = claim.get("keeps-state") is True
+
+    def _refuse_node(self, nid: int, reason: str) -> None:
+        """A SuperNode whose claim is refused: said once, never sent a message."""
+        self.refused.append((nid, reason))
+        flwr_log(WARNING, "lowband: SuperNode %s refused: %s", nid, reason)
 
     # -- one step (the round loop's backend protocol: lowband.engine.rounds.Backend) --------------
     def step_places(self, step: Step, round: int, plan: Any, codecs: Any, seed: int, policy: Any, faults: Any,
@@ -735,27 +869,77 @@ class FlowerBackend:
         return summaries(sim.protocols, sim.evaluator, r, got)
 
 
+class _Connect(Observer):
+    """Connects the SuperNodes when the run starts (after :class:`Resume`): a fresh run gets
+    a new token, a resumed one its checkpoint's, which each SuperNode is told, so the
+    clients' saved states (node config ``state-dir``) are this lowband run's and no other's."""
+
+    def __init__(self) -> None:
+        self.token = ""
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        self.token = str(ckpt.get("flower_run", ""))
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"flower_run": self.token}
+
+    def on_run_start(self, run: Run) -> None:
+        if run.start == 0 or not _TOKEN.fullmatch(self.token):
+            self.token = secrets.token_hex(8)
+        backend: FlowerBackend = run.sim.backend
+        backend.connect(self.token)
+        lost = sorted(c for c, keeps in backend.keeps_state.items() if not keeps)
+        if run.start > 0 and lost:
+            raise ConfigError(f"resume from round {run.start}: the SuperNodes of clients {lost[:10]} keep no states "
+                              f"(their node config has no state-dir), so their clients cannot continue exactly; "
+                              f"start every SuperNode with --node-config \"state-dir='<dir>' ...\"")
+
+
 class FlowerRun:
     """The ServerApp side of one run: lowband's round driver with a :class:`FlowerBackend`,
-    so the run folder (metrics.jsonl, ledger.csv, summary.json, timing.jsonl) is what
-    ``lowband run`` writes for the same config."""
+    so the run folder (metrics.jsonl, ledger.csv, summary.json, timing.jsonl, checkpoint)
+    is what ``lowband run`` writes for the same config.
+
+    ``resume``: continue the run folder's checkpoint (as ``lowband run --resume``; each
+    SuperNode needs a ``state-dir``). ``data_index``: the export's index of client files
+    (:mod:`lowband.flower.datafile`): each SuperNode's claim is checked against it."""
 
     def __init__(self, exp: Experiment, grid: Grid, *, timeout: float = 3600.0, write: bool = True,
-                 observers: Any = ()):
+                 observers: Any = (), resume: bool = False, data_index: Optional[str] = None):
         self.exp = exp
         # its own simulation: never shares states with an in-process client
-        self.sim = Simulation(_in_process(exp), write=write, observers=observers,
-                              backend=lambda sim: FlowerBackend(sim, grid, timeout))
+        self.sim = Simulation(_in_process(exp), write=write, resume=resume, observers=[_Connect(), *observers],
+                              backend=lambda sim: FlowerBackend(sim, grid, timeout, data_index))
         _check_exportable(self.sim)
         self.backend: FlowerBackend = self.sim.backend
 
     def run(self) -> list[dict[str, Any]]:
         exp, sim = self.exp, self.sim
-        self.backend.connect()
         if sim.write:
             flwr_log(INFO, "lowband: %s (%s, %d clients, %d rounds) -> %s", exp.name, exp.algorithm.name,
                      sim.num_nodes, exp.rounds, exp.run_dir().resolve())
         return sim.run().metrics
+
+
+def _flag(value: Any, key: str) -> bool:
+    """A boolean run-config value (``true``/``false``, as TOML or as a string)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "1", "yes"):
+        return True
+    if str(value).strip().lower() in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"run config {key} = {str(value)[:40]!r}: expected true or false")
+
+
+def _seconds(value: Any, key: str) -> float:
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if not 0 < t < 1e7:
+        raise ConfigError(f"run config {key} = {str(value)[:40]!r}: expected seconds, a number above 0")
+    return t
 
 
 def server_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path] = None,
@@ -766,9 +950,14 @@ def server_app(experiment: Optional[Experiment] = None, base_dir: Optional[Path]
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        exp = experiment if experiment is not None else experiment_from_run_config(context.run_config, base_dir)
-        # the reply deadline: run config "reply-timeout" (seconds), else the app's
-        wait = float(context.run_config.get("reply-timeout", timeout))
-        FlowerRun(exp, grid, timeout=wait).run()
+        rc = context.run_config
+        exp = experiment if experiment is not None else experiment_from_run_config(rc, base_dir)
+        # run config keys: reply-timeout (seconds, else the app's), resume, data-index
+        wait = _seconds(rc.get("reply-timeout", timeout), "reply-timeout")
+        index = str(rc.get("data-index", "") or "")
+        if index and base_dir is not None and not Path(index).is_absolute():
+            index = str(Path(base_dir) / index)
+        FlowerRun(exp, grid, timeout=wait, resume=_flag(rc.get("resume", False), "resume"),
+                  data_index=index or None).run()
 
     return app

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from scipy.optimize import minimize
 from torch import nn
 
 from lowband.algorithms.personalised._pfl import base_names, class_prototypes, features_of, head_names, is_head, train_kwargs
@@ -72,6 +71,8 @@ def combination_weights(V: Sequence[float], H: Sequence[torch.Tensor], i: int, e
     diffs = torch.stack([(H[i] - H[j]).reshape(-1).to(torch.float64) for j in range(m)]).cpu()  # a CPU QP
     P = (torch.diag(torch.tensor(V, dtype=torch.float64)) + diffs @ diffs.T).numpy()
     P = 0.5 * (P + P.T)
+    from scipy.optimize import minimize  # here: scipy.optimize costs 0.4 s of every import of lowband.algorithms
+
     res = minimize(lambda a: float(a @ P @ a), np.full(m, 1.0 / m), jac=lambda a: 2 * P @ a, method="SLSQP",
                    bounds=[(0.0, 1.0)] * m, constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0}],
                    options={"ftol": 1e-12, "maxiter": 200})
