@@ -506,6 +506,20 @@ class _Pending:
     data: bytes
 
 
+def _delivered(records: list[Record], unpulled: set[int]) -> list[Record]:
+    """``records`` without the receivers in ``unpulled`` (their SuperNode never pulled the
+    message: no bytes reached them), as ``[faults]`` leaves a dropped node's bytes uncounted;
+    a record left without receivers is dropped."""
+    if not unpulled:
+        return records
+    out = []
+    for rec in records:
+        dsts = tuple(d for d in rec.dsts if d not in unpulled)
+        if dsts:
+            out.append(rec._replace(dsts=dsts))
+    return out
+
+
 UNKNOWN_NODE = -2  # the sender of a reply from a node that was not asked (Rejection.src)
 #: Flower's error codes of a reply the SuperLink makes for a node that is gone
 _UNAVAILABLE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
@@ -528,7 +542,9 @@ class FlowerBackend:
     :class:`~lowband.comm.validate.Rejection`: ``rejected/<reason>`` in metrics.jsonl,
     the first of each reason logged), and the round goes on with the remaining replies.
     The bytes of a dropped message are still counted in the ledger (they crossed the
-    link), under the kind ``"rejected"``."""
+    link), under the kind ``"rejected"``. A SuperNode Flower reports gone is counted as
+    ``rejected/dead``; the server's message to it is counted only if it may have been
+    pulled (:meth:`_send`): bytes a node never received are not in the ledger."""
 
     #: the server's state, the ledger and the observers' states are checkpointed here; each
     #: client's states are saved on its SuperNode (node config state-dir), under the run's token
@@ -553,6 +569,8 @@ class FlowerBackend:
         self._server_inbox: list[Envelope] = []
         self._client_inbox: dict[int, list[_Pending]] = {}
         self._sent: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # this round, per client
+        self._held: list[Record] = []  # the server's records of the step before, counted with the next
+        self._unpulled: set[int] = set()  # clients whose SuperNode never pulled this step's message
 
     # -- the driver's backend ----------------------------------------------------------------
     def init_states(self, plan: Any) -> None:
@@ -605,13 +623,21 @@ class FlowerBackend:
         return msg
 
     # -- plumbing ------------------------------------------------------------------------
-    def _send(self, kind: str, content: dict[int, ConfigRecord], r: int, into: Optional[list] = None) -> dict[int, Message]:
+    def _send(self, kind: str, content: dict[int, ConfigRecord], r: int, into: Optional[list] = None,
+              unpulled: Optional[set[int]] = None) -> dict[int, Message]:
         """Send ``content`` to its clients; the first acceptable reply of each (others are
         rejected: unknown sender, second reply, another message type, an error reply,
         none at all). Raises only when every reply that came is an error reply (a broken
-        deployment, not a hostile client)."""
+        deployment, not a hostile client).
+
+        ``unpulled``: filled with the clients whose message was never pulled: Flower answered
+        it as from a node that is gone (``NODE_UNAVAILABLE``) and the SuperLink had already
+        stopped listing that node as online when the message was pushed. A node listed then
+        may have pulled its message before it went (Flower's error reply does not say: it
+        carries none of the instruction's ``delivered_at``), so its message counts as delivered."""
         msgs = [Message(RecordDict({RECORD: rec}), dst_node_id=self.node_ids[c], message_type=kind)
                 for c, rec in content.items()]
+        listed = {int(i) for i in self.grid.get_node_ids()} if unpulled is not None else set()
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
         by_node = {nid: c for c, nid in self.node_ids.items()}
         # the reply Flower makes for a node that is gone carries the SuperLink's id as its sender:
@@ -624,7 +650,13 @@ class FlowerBackend:
             gone = by_msg.get(rep.metadata.reply_to_message_id)
             if gone is not None and gone not in seen and rep.has_error() and rep.error.code in _UNAVAILABLE:
                 seen.add(gone)
-                self._reject("dead", gone, r, f"its SuperNode is gone (Flower: {str(rep.error.reason)[:80]})", into)
+                never = (unpulled is not None and rep.error.code == ErrorCode.NODE_UNAVAILABLE
+                         and self.node_ids[gone] not in listed)
+                if never:
+                    unpulled.add(gone)
+                self._reject("dead", gone, r, f"its SuperNode is gone (Flower: {str(rep.error.reason)[:80]}); its "
+                             f"{kind!r} message " + ("was never pulled (not counted)" if never else
+                                                     "may have been pulled before (counted)"), into)
                 continue
             c = by_node.get(rep.metadata.src_node_id)
             if c is None or c not in content:
@@ -718,7 +750,7 @@ class FlowerBackend:
         place's ``(records, refusals, divergences, acks)`` (see :func:`lowband.engine.rounds.send`)."""
         if first:
             self._server_inbox, self._client_inbox, self._sent = [], {}, {}
-        self._refusals = []
+        self._refusals, self._unpulled = [], set()
         r = round
         self._k = 0 if first else self._k + 1
         self.net.step_tag = (int(r), self._k)  # the server's stamps (comm.freshness), as the round loop's
@@ -727,7 +759,9 @@ class FlowerBackend:
         server_out = self._server_step(step, r, plan, self._server_inbox) if SERVER in actors else None
         replies = self._client_step(step, r, clients) if clients else {}
         self._server_inbox, self._client_inbox = [], {}
-        records: list[Record] = []
+        # the previous step's server messages, counted now that this step's sends tell which were pulled
+        records: list[Record] = _delivered(self._held, self._unpulled)
+        self._held = []
         if server_out is not None:
             records += self._route_server(server_out, r, faults, late, last)
         for c in sorted(replies):
@@ -749,11 +783,15 @@ class FlowerBackend:
                 rec["in"] = [p.data for p in inbox]
                 rec["in-src"] = [p.src for p in inbox]
             content[c] = ConfigRecord(rec)
-        return {c: self._train_payload(c, rep, r) for c, rep in self._send("train", content, r).items()}
+        replies = self._send("train", content, r, unpulled=self._unpulled)
+        return {c: self._train_payload(c, rep, r) for c, rep in replies.items()}
 
     def _route_server(self, out: Outbox, r: int, faults: Any, late: Any, last: bool) -> list[Record]:
         """Encode the server's outbox (as the engine's round loop does:
-        :func:`lowband.engine.rounds.send`) and hold each message for its clients' next step."""
+        :func:`lowband.engine.rounds.send`) and hold each message for its clients' next step.
+        Its ledger records are held too and counted with that step, without the clients
+        whose SuperNode never pulled its message (:meth:`_send`); the round's last step's
+        messages (nobody reads them) are counted at once, as the round loop counts them."""
         for dsts, m in out.items:
             for d in dsts:
                 self._sent.setdefault(int(d), {}).update({k: (tuple(v.shape), v.dtype) for k, v in m.tensors.items()})
@@ -761,7 +799,10 @@ class FlowerBackend:
         for item in items:
             for d in faults.deliverable(SERVER, item.dsts):  # downlinks are never late
                 self._client_inbox.setdefault(d, []).append(_Pending(SERVER, item.key[1], item.data))
-        return records
+        if last:
+            return records
+        self._held = records
+        return []
 
     def _take_reply(self, c: int, data_list: list[Any], r: int, faults: Any, late: Any) -> list[Record]:
         """Client ``c``'s messages, each decoded and checked, counted, and held for the
