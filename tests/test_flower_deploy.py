@@ -169,19 +169,27 @@ class KilledGrid(FileGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def test_a_killed_serverapp_resumes_exactly(tmp_path: Path, task_identity) -> None:
-    """SCAFFOLD (each client keeps its control variate between rounds) on 6 clients, 3 a
-    round, 4 rounds, killed at round 3; the resumed Flower run's contexts start empty."""
+def _scaffold_killed_at_3(tmp_path: Path) -> tuple[Any, Path, Any, list[dict[str, str]]]:
+    """SCAFFOLD on 6 clients, 4 rounds: the uninterrupted `lowband run`, and the Flower run
+    from the clients' data files killed at round 3 (its SuperNodes keep states in
+    ``tmp_path/states``). Returns (reference result, index, experiment, node configs)."""
     cfgs = {}
     for name in ("lowband", "flower"):
         cfgs[name] = _cnn_config(tmp_path, name, "scaffold")
         cfgs[name].update(rounds=4, checkpoint_every=1)
     ref = Simulation(validate(cfgs["lowband"])).run()
     index = _export(tmp_path, cfgs["flower"])
-    nodes = [{"data-file": f, "state-dir": str(tmp_path / "states")} for f in _files(index)]
     exp = validate(cfgs["flower"])
+    nodes = [{"data-file": f, "state-dir": str(tmp_path / "states")} for f in _files(index)]
     with pytest.raises(SystemExit):
         FlowerRun(exp, KilledGrid(client_app(exp), nodes, at=3), data_index=str(index)).run()
+    return ref, index, exp, nodes
+
+
+def test_a_killed_serverapp_resumes_exactly(tmp_path: Path, task_identity) -> None:
+    """SCAFFOLD (each client keeps its control variate between rounds) on 6 clients, 3 a
+    round, 4 rounds, killed at round 3; the resumed Flower run's contexts start empty."""
+    ref, index, exp, nodes = _scaffold_killed_at_3(tmp_path)
     metrics = tmp_path / "flower" / "metrics.jsonl"
     assert [json.loads(x)["round"] for x in metrics.read_text().splitlines()] == [0, 1, 2]
     # no state-dir on the SuperNodes: the clients could not continue exactly, and it says so
@@ -199,16 +207,7 @@ def test_a_killed_serverapp_resumes_exactly(tmp_path: Path, task_identity) -> No
 def test_resuming_without_the_saved_states_differs(tmp_path: Path, task_identity) -> None:
     """The check that the resume test's state-dir is what makes it exact: a resumed run whose
     clients start from their initial states (a fresh state-dir) ends elsewhere."""
-    cfgs = {}
-    for name in ("lowband", "flower"):
-        cfgs[name] = _cnn_config(tmp_path, name, "scaffold")
-        cfgs[name].update(rounds=4, checkpoint_every=1)
-    ref = Simulation(validate(cfgs["lowband"])).run()
-    index = _export(tmp_path, cfgs["flower"])
-    exp = validate(cfgs["flower"])
-    nodes = [{"data-file": f, "state-dir": str(tmp_path / "states")} for f in _files(index)]
-    with pytest.raises(SystemExit):
-        FlowerRun(exp, KilledGrid(client_app(exp), nodes, at=3), data_index=str(index)).run()
+    ref, index, exp, nodes = _scaffold_killed_at_3(tmp_path)
     fresh = [{"data-file": f, "state-dir": str(tmp_path / "elsewhere")} for f in _files(index)]
     FlowerRun(exp, FileGrid(client_app(exp), fresh), data_index=str(index), resume=True).run()
     assert (tmp_path / "flower" / "metrics.jsonl").read_text() != (Path(ref.run_dir) / "metrics.jsonl").read_text()
