@@ -380,7 +380,8 @@ def main(argv: list[str]) -> None:
                       for lb, a in zip(runs[side], runs["authors"])] for side in SIDES[1:]}
     for side, rr in per_rep.items():
         print(f"ratios {side} / authors per repetition (per SGD step, per evaluated round): "
-              + ", ".join(f"{a:.2f}x / {b:.2f}x" for a, b in rr))
+              + ", ".join(f"{a:.2f}x / {b:.2f}x" for a, b in rr)
+              + f"; median {statistics.median(a for a, _ in rr):.2f}x / {statistics.median(b for _, b in rr):.2f}x")
     print(f"load average now {loadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": raw, "medians": med, "per_rep": per_rep}, indent=1))
