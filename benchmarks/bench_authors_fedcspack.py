@@ -25,11 +25,15 @@ its ``PYTHONPATH``):
 The workload is the suite's ``fedavg`` (benchmarks/suite.py): FMNIST, 100 clients,
 Dirichlet 0.3, 75/25 local splits, the FMNIST CNN, 10 clients a round, **batch 16, 3 local
 epochs**, lr 0.05. Each side runs in its own subprocess, pinned with ``taskset -c CORE``,
-``OMP_NUM_THREADS=1`` and one torch thread; lowband with ``engine.workers = 1`` (the default
-vectorisation, so the FMNIST cohort step) and ``personal`` + ``global`` every round; the
-authors' code as it comes (its round: send, evaluate the participants' train and test
-splits, train, aggregate). The sides alternate (authors first in odd repetitions), and the
-load average is printed before every run. Rounds 2..R are timed (round 1 pays warm-ups).
+``OMP_NUM_THREADS=1`` and one torch thread; the authors' code as it comes (its round: send,
+evaluate the sent model on the participants' train and test splits, train, aggregate);
+lowband with ``engine.workers = 1`` (the default vectorisation, so the FMNIST cohort step),
+twice: ``lowband`` with ``personal`` + ``global`` every round, and ``lowband-matched`` with
+``personal`` alone on ``eval.nodes`` clients, the count whose fixed seeded sample of test
+splits adds up closest to the authors' evaluated samples a round (lowband has no protocol
+that scores the training splits; the sample is fixed, theirs the round's participants).
+The three alternate (reversed in even repetitions), and the load average is printed
+before every run. Rounds 2..R are timed (round 1 pays warm-ups).
 
 Reported per side, medians over the repetitions:
 
@@ -39,7 +43,8 @@ Reported per side, medians over the repetitions:
 - **s per evaluated round** = the round's wall time including its evaluation (the work
   differs: the samples each side evaluates per round are printed);
 
-and the ratios lowband / authors (below 1x lowband is faster), per repetition and median.
+and the ratios of each lowband run / authors (below 1x lowband is faster), per
+repetition, of the medians and the median of the per-repetition ratios.
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ OVERRIDES = ["algorithm.batch_size=16", "algorithm.local_epochs=3", 'eval.protoc
              "eval.every=1", "eval.at_round0=false", "checkpoint_every=0", "threads=1", "engine.workers=1"]
 #: where the authors' loader looks for client files (num_clients / niid / partition / balance / split_alpha)
 DATA_SUBDIR = "dataset/formatdata/fashionmnist/100/noniid/dir/unbalance"
+#: the runs of a repetition: the authors' code, lowband as configured (``personal`` on every
+#: client + ``global``), lowband with its evaluation cut to the authors' sample count
+SIDES = ("authors", "lowband", "lowband-matched")
 
 SHIM_TQDM = '''"""A stand-in for tqdm: iterates without drawing a bar."""
 def tqdm(iterable=None, *args, **kwargs):
@@ -143,10 +151,20 @@ def loadavg() -> str:
 # ------------------------------------------------------------------------------------------
 # preparation (parent, not timed)
 # ------------------------------------------------------------------------------------------
-def lowband_experiment(rounds: int, out_dir: str) -> Any:
+def lowband_experiment(rounds: int, out_dir: str, extra: list[str] | None = None) -> Any:
     from lowband.config import load_experiment
 
-    return load_experiment(CONFIG, [*OVERRIDES, f"rounds={rounds}", f"out_dir={json.dumps(out_dir)}"])
+    return load_experiment(CONFIG, [*OVERRIDES, *(extra or []), f"rounds={rounds}", f"out_dir={json.dumps(out_dir)}"])
+
+
+def matched_nodes(n_test: list[int], target: float, seed: int) -> tuple[int, int]:
+    """The ``eval.nodes`` whose seeded sample's test splits add up closest to ``target``
+    samples (the authors' evaluated samples a round), and that sum."""
+    from lowband.engine.evaluation import sample_nodes
+
+    best = min(((k, sum(n_test[i] for i in sample_nodes(len(n_test), k, seed))) for k in range(1, len(n_test) + 1)),
+               key=lambda ks: abs(ks[1] - target))
+    return best
 
 
 def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -187,8 +205,12 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 np.savez_compressed(f, data={"x": x, "y": y})
     ns = [int(nd.n_train) for nd in fed.nodes]
     nt = [int(nd.test_y.shape[0]) for nd in fed.nodes]
+    # the authors' evaluation a round: the participants' train splits (drop_last, batch 16) + test splits
+    au_eval = statistics.mean(sum(16 * (ns[c] // 16) + nt[c] for c in pl) for pl in plans)
+    k, k_samples = matched_nodes(nt, au_eval, int(exp.seed))
     info = {"plans": plans, "n_train": ns, "n_test": nt, "num_clients": len(fed.nodes), "alpha": alpha,
-            "global_test": int(fed.global_test_y.shape[0])}
+            "global_test": int(fed.global_test_y.shape[0]), "authors_eval_samples": au_eval,
+            "matched_nodes": k, "matched_samples": k_samples}
     (work / "plans.json").write_text(json.dumps(info))
     return info
 
@@ -243,21 +265,27 @@ def child_authors(work: Path, rounds: int) -> dict[str, Any]:
     for r in range(rounds):
         chosen = info["plans"][r]
         steps = sum(3 * (info["n_train"][c] // 16) for c in chosen)
-        evald = sum(info["n_train"][c] + info["n_test"][c] for c in chosen)  # their loaders drop partial batches
+        evald = sum(16 * (info["n_train"][c] // 16) + info["n_test"][c] for c in chosen)  # train loader drops
         per.append({"round": r + 1, "round_s": metrics.global_epoch_time[r], "eval_s": eval_s[r], "steps": steps,
-                    "eval_samples_at_most": evald})
+                    "eval_samples": evald})
     return {"rounds": per, "threads": torch.get_num_threads()}
 
 
-def child_lowband(work: Path, rounds: int) -> dict[str, Any]:
-    """lowband's FedAvg through its engine; times from timing.jsonl."""
+def child_lowband(work: Path, rounds: int, matched: bool = False) -> dict[str, Any]:
+    """lowband's FedAvg through its engine; times from timing.jsonl. ``matched``: the
+    evaluation cut to the authors' sample count (``personal`` only, on ``eval.nodes`` =
+    the prepared count of seeded clients' test splits; no ``global``)."""
     import torch
 
+    from lowband.engine.evaluation import sample_nodes
     from lowband.engine.simulator import Simulation
 
     info = json.loads((work / "plans.json").read_text())
+    extra = ['eval.protocols=["personal"]', f"eval.nodes={info['matched_nodes']}"] if matched else []
     with tempfile.TemporaryDirectory(prefix="authors_bench_") as tmp:
-        exp = lowband_experiment(rounds, str(Path(tmp) / "run"))
+        exp = lowband_experiment(rounds, str(Path(tmp) / "run"), extra)
+        scored = sample_nodes(info["num_clients"], exp.eval.nodes, int(exp.seed))
+        n_eval = sum(info["n_test"][c] for c in scored) + (0 if matched else info["global_test"])
         res = Simulation(exp).run()
         timing = [json.loads(x) for x in (Path(res.run_dir) / "timing.jsonl").read_text().splitlines() if x.strip()]
     per = []
@@ -266,7 +294,7 @@ def child_lowband(work: Path, rounds: int) -> dict[str, Any]:
         chosen = info["plans"][r - 1]
         steps = sum(3 * -(-info["n_train"][c] // 16) for c in chosen)
         per.append({"round": r, "round_s": float(t["round_s"]) + float(t["eval_s"]), "eval_s": float(t["eval_s"]),
-                    "steps": steps, "eval_samples": sum(info["n_test"]) + info["global_test"]})
+                    "steps": steps, "eval_samples": n_eval})
     return {"rounds": per, "threads": torch.get_num_threads()}
 
 
@@ -290,7 +318,8 @@ def summarise(res: dict[str, Any]) -> dict[str, float]:
     return {"s_per_step": statistics.mean((r["round_s"] - r["eval_s"]) / r["steps"] for r in meas),
             "s_per_round": statistics.mean(r["round_s"] for r in meas),
             "eval_s": statistics.mean(r["eval_s"] for r in meas),
-            "steps": statistics.mean(r["steps"] for r in meas)}
+            "steps": statistics.mean(r["steps"] for r in meas),
+            "eval_samples": statistics.mean(r["eval_samples"] for r in meas)}
 
 
 def main(argv: list[str]) -> None:
@@ -303,11 +332,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--core", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", default=None)
-    p.add_argument("--child", choices=["authors", "lowband"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         work = Path(args.workdir)
-        res = child_authors(work, args.rounds) if args.child == "authors" else child_lowband(work, args.rounds)
+        res = (child_authors(work, args.rounds) if args.child == "authors"
+               else child_lowband(work, args.rounds, matched=args.child == "lowband-matched"))
         print(MARK + json.dumps(res), flush=True)
         return
     if not args.authors_git:
@@ -322,10 +352,10 @@ def main(argv: list[str]) -> None:
     info = prepare(args, work)
     print(f"workload: FedAvg FMNIST, {info['num_clients']} clients, Dirichlet {info['alpha']}, 10 a round, "
           f"batch 16, 3 local epochs; {args.rounds} rounds, rounds 2-{args.rounds} timed; {args.reps} repetitions")
-    runs: dict[str, list[dict[str, float]]] = {"authors": [], "lowband": []}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     raw: list[dict[str, Any]] = []
     for rep in range(args.reps):
-        order = ("authors", "lowband") if rep % 2 == 0 else ("lowband", "authors")
+        order = SIDES if rep % 2 == 0 else SIDES[::-1]
         for side in order:
             before = loadavg()
             t = time.perf_counter()
@@ -333,26 +363,31 @@ def main(argv: list[str]) -> None:
             s = summarise(res)
             runs[side].append(s)
             raw.append({"rep": rep + 1, "side": side, "load_before": before, "load_after": loadavg(), **res})
-            print(f"rep {rep + 1} {side:8s}: {s['s_per_step'] * 1e3:.3f} ms/step ({s['steps']:.0f} steps), "
-                  f"{s['s_per_round']:.3f} s/evaluated round (eval {s['eval_s']:.3f} s); load {before} -> "
-                  f"{loadavg()}; {time.perf_counter() - t:.0f} s", flush=True)
-    per_rep = [(lb["s_per_step"] / au["s_per_step"], lb["s_per_round"] / au["s_per_round"])
-               for lb, au in zip(runs["lowband"], runs["authors"])]
+            print(f"rep {rep + 1} {side:15s}: {s['s_per_step'] * 1e3:.3f} ms/step ({s['steps']:.0f} steps), "
+                  f"{s['s_per_round']:.3f} s/evaluated round (eval {s['eval_s']:.3f} s, {s['eval_samples']:.0f} "
+                  f"samples); load {before} -> {loadavg()}; {time.perf_counter() - t:.0f} s", flush=True)
     med = {side: {k: statistics.median(r[k] for r in v) for k in v[0]} for side, v in runs.items()}
-    print("\n| side | ms per SGD step | SGD steps / round | s per evaluated round | of which evaluation s |")
-    print("|---|---|---|---|---|")
-    for side in ("authors", "lowband"):
+    print("\n| side | ms per SGD step | SGD steps / round | s per evaluated round | of which evaluation s "
+          "| samples evaluated / round | ratio per SGD step | ratio per evaluated round |")
+    print("|---|---|---|---|---|---|---|---|")
+    au = med["authors"]
+    for side in SIDES:
         m = med[side]
-        print(f"| {side} | {m['s_per_step'] * 1e3:.3f} | {m['steps']:.0f} | {m['s_per_round']:.3f} | {m['eval_s']:.3f} |")
-    au_eval = info["n_train"], info["n_test"]
-    print(f"\nevaluated per round: lowband {sum(info['n_test']) + info['global_test']} samples (personal on every "
-          f"client's test split + global); the authors' code at most the participants' train + test splits "
-          f"(mean {statistics.mean(sum(au_eval[0][c] + au_eval[1][c] for c in pl) for pl in info['plans']):.0f})")
-    print("ratios lowband / authors per repetition (per SGD step, per evaluated round): "
-          + ", ".join(f"{a:.2f}x / {b:.2f}x" for a, b in per_rep))
-    print(f"median of the medians: per SGD step {med['lowband']['s_per_step'] / med['authors']['s_per_step']:.2f}x, "
-          f"per evaluated round {med['lowband']['s_per_round'] / med['authors']['s_per_round']:.2f}x; "
-          f"load average now {loadavg()}")
+        print(f"| {side} | {m['s_per_step'] * 1e3:.3f} | {m['steps']:.0f} | {m['s_per_round']:.3f} | "
+              f"{m['eval_s']:.3f} | {m['eval_samples']:.0f} | {m['s_per_step'] / au['s_per_step']:.2f}x | "
+              f"{m['s_per_round'] / au['s_per_round']:.2f}x |")
+    print(f"\nevaluated per round: authors the 10 participants' train splits (whole batches of 16) + test splits "
+          f"with the global model before training (mean {info['authors_eval_samples']:.0f}); lowband `personal` on "
+          f"every client's test split + `global` ({sum(info['n_test']) + info['global_test']}); lowband-matched "
+          f"`personal` only, eval.nodes = {info['matched_nodes']} (a fixed seeded sample of clients' test splits, "
+          f"{info['matched_samples']} samples)")
+    per_rep = {side: [(lb["s_per_step"] / a["s_per_step"], lb["s_per_round"] / a["s_per_round"])
+                      for lb, a in zip(runs[side], runs["authors"])] for side in SIDES[1:]}
+    for side, rr in per_rep.items():
+        print(f"ratios {side} / authors per repetition (per SGD step, per evaluated round): "
+              + ", ".join(f"{a:.2f}x / {b:.2f}x" for a, b in rr)
+              + f"; median {statistics.median(a for a, _ in rr):.2f}x / {statistics.median(b for _, b in rr):.2f}x")
+    print(f"load average now {loadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": raw, "medians": med, "per_rep": per_rep}, indent=1))
 

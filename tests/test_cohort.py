@@ -345,3 +345,29 @@ def test_local_sgd_step_marks_a_step_made_of_two_methods() -> None:
     assert Alg.step.__name__ == "step" and vectorised(Alg().step) and not vectorised(Alg.step)
     assert vectorised(Sub().step) and Sub().step(ctx, {}, [])[0] == {"sub": True}
     assert not vectorised(Plain().step)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_cnn_fc_leaf_layout_matches_gradients_and_bits(batch: int) -> None:
+    """fc1/fc2 weights are trained in the layout baddbmm's backward gives their gradients
+    (so the SGD add is not strided) where that leaves every product's bits as row-major
+    weights give them; at batch 1 (other kernels) they stay row-major."""
+    from lowband.train.cohort_cnn import _leaf
+
+    with tcohort.one_thread():  # the cohort step's thread count, restored after
+        gen = torch.Generator().manual_seed(0)
+        for name, (o, i) in {"fc1.weight": (256, 320), "fc2.weight": (50, 256), "head.weight": (10, 50)}.items():
+            for k in (2, 5, 10):
+                w = torch.randn(k, o, i, generator=gen)
+                z = torch.randn(k, batch, i, generator=gen)
+                bias, go = torch.randn(k, o, generator=gen), torch.randn(k, batch, o, generator=gen)
+                got = []
+                for leaf in (w.clone(), _leaf(name, w, batch)):
+                    leaf.requires_grad_()
+                    zz = z.clone().requires_grad_()
+                    f = torch.baddbmm(bias.unsqueeze(1), zz, leaf.transpose(1, 2))
+                    gw, gz = torch.autograd.grad((f * go).sum(), [leaf, zz])
+                    got.append((f.detach(), gw, gz, leaf.stride() == gw.stride()))
+                (f0, gw0, gz0, _), (f1, gw1, gz1, matched) = got
+                assert torch.equal(f0, f1) and torch.equal(gw0, gw1) and torch.equal(gz0, gz1), (name, k)
+                assert matched == (name != "head.weight" and batch >= 2), (name, k)
