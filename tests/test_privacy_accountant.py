@@ -73,6 +73,7 @@ def test_schedule_is_per_round_cumulative_and_ends_at_the_final_epsilon() -> Non
     assert eps[9] == pytest.approx(final_epsilon(mech, 10, 1e-5, "rdp"), rel=1e-12)
 
 
+@pytest.mark.slow  # a PLD per round of the schedule (about 9 s)
 def test_pld_schedule_is_exact_on_its_grid_and_an_upper_bound_between() -> None:
     mech = SampledGaussian(1.0, population=100, cohort=10, sampling="poisson")
     eps = epsilon_schedule(mech, 30, 1e-5, "pld")

@@ -276,6 +276,7 @@ CHEAP = [("fedcspack", "table1/fmnist/dir0.3/fedprox", 2), ("fedcspack", "table1
          ("spark", "table3/a0.3/dfedavgm", 2)]
 
 
+@pytest.mark.slow  # paper cells re-run (about 50 s of the fast tier)
 @pytest.mark.parametrize("paper,cell,rounds", CHEAP)
 def test_published_cells_reproduce_to_the_digit(paper: str, cell: str, rounds: int, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch,
@@ -320,6 +321,7 @@ def test_collect_records_only_folders_of_todays_config_with_sound_logs(
     assert "not recorded" in capsys.readouterr().err and stored.read_bytes() == before
 
 
+@pytest.mark.slow  # runs a cell
 def test_a_cell_made_by_older_code_names_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture) -> None:
     """The store's FedNova Dir(0.3) record was made by the code of 5009b6e (2026-11-24): the
