@@ -272,6 +272,18 @@ class Algorithm(ABC):
 REGISTRY: dict[str, type[Algorithm]] = {}
 
 
+def default_by(data: Any, field: str, by: str, by_default: str, table: Mapping[str, Any]) -> Any:
+    """Raw hyperparameters ``data`` with an unset ``field`` filled from ``table`` keyed by the
+    value of ``by`` (``by_default`` when that is unset too): a default that depends on another
+    choice (FedAvg's server lr on its optimiser, FedAsync's ``a`` on its staleness function).
+    For a pydantic ``model_validator(mode="before")``; anything not a dict passes through."""
+    if isinstance(data, dict) and data.get(field) is None:
+        key = data.get(by, by_default)
+        if key in table:
+            data = {**data, field: table[key]}
+    return data
+
+
 def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding an algorithm to the registry under ``cls.name``."""
     if cls.name in REGISTRY:

@@ -33,7 +33,9 @@ import torch.nn.functional as F
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
-from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step, register
+from lowband.algorithms.base import (
+    SERVER, Algorithm, Envelope, NodeContext, Outbox, Params, State, Step, default_by, register,
+)
 from lowband.algorithms.common import local_job
 from lowband.algorithms.server.fedavg import FedAvgClientHP
 from lowband.asynchronous.plan import AsyncPlan
@@ -178,11 +180,7 @@ class FedAsyncHP(AsyncHP):
     @model_validator(mode="before")
     @classmethod
     def _default_a(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("a") is None:
-            fn = data.get("staleness", "polynomial")
-            if fn in _DEFAULT_A:
-                data = {**data, "a": _DEFAULT_A[fn]}
-        return data
+        return default_by(data, "a", "staleness", "polynomial", _DEFAULT_A)
 
     @field_validator("a")
     @classmethod

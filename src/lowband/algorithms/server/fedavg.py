@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
-from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, register
+from lowband.algorithms.base import SERVER, Algorithm, Envelope, NodeContext, Outbox, State, Step, default_by, register
 from lowband.algorithms.common import LocalSGD, local_job
 from lowband.algorithms.server.server_opt import DEFAULT_SERVER_LR, KNOB_READERS, ServerOpt, server_step, \
     trainable_names
@@ -59,11 +59,7 @@ class FedAvgHP(FedAvgClientHP):
     @classmethod
     def _default_server_lr(cls, data: Any) -> Any:
         """An unset ``server_lr`` takes the chosen optimiser's default (so ``hp.server_lr`` is a number)."""
-        if isinstance(data, dict) and data.get("server_lr") is None:
-            opt = data.get("server_opt", "sgd")
-            if opt in DEFAULT_SERVER_LR:
-                data = {**data, "server_lr": DEFAULT_SERVER_LR[opt]}
-        return data
+        return default_by(data, "server_lr", "server_opt", "sgd", DEFAULT_SERVER_LR)
 
     @field_validator("server_momentum", "beta1", "beta2", "tau")
     @classmethod
